@@ -1,0 +1,92 @@
+"""Resumable checkpoints, written atomically.
+
+Layout under ``ckpt_path``::
+
+    global_step12/            one committed checkpoint
+        state/                DeepSpeed model + optimizer + scheduler shards (every rank writes its own)
+        rng_rank{r}.pt        each rank's RNG states
+        trainer.json          step, epoch and whatever the trainer needs to continue exactly
+        COMMITTED             written last: only folders with it count
+
+Every rank writes into ``.tmp-global_step12``; after a barrier rank 0 writes ``trainer.json`` and
+``COMMITTED``, renames the folder into place and removes the oldest checkpoints beyond the limit.
+A crash at any point leaves either no new checkpoint or a complete one.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .rng import rng_state, set_rng_state
+
+COMMITTED = "COMMITTED"
+_STEP_DIR = re.compile(r"^global_step(\d+)$")
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def committed_steps(ckpt_path: str | Path) -> list[int]:
+    root = Path(ckpt_path)
+    if not root.is_dir():
+        return []
+    steps = []
+    for d in root.iterdir():
+        m = _STEP_DIR.match(d.name)
+        if m and (d / COMMITTED).is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def latest_checkpoint(ckpt_path: str | Path) -> Path | None:
+    steps = committed_steps(ckpt_path)
+    return Path(ckpt_path) / f"global_step{steps[-1]}" if steps else None
+
+
+def save_checkpoint(engine, ckpt_path: str | Path, step: int, trainer_state: dict, max_keep: int) -> Path:
+    """Collective: every rank calls it at the same step."""
+    root = Path(ckpt_path)
+    final = root / f"global_step{step}"
+    tmp = root / f".tmp-global_step{step}"
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    engine.save_checkpoint(str(tmp), tag="state", save_latest=False)
+    torch.save(rng_state(), tmp / f"rng_rank{_rank()}.pt")
+    _barrier()
+    if _rank() == 0:
+        (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
+        (tmp / COMMITTED).write_text(f"{step}\n")
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in committed_steps(root)[:-max_keep]:
+            shutil.rmtree(root / f"global_step{old}", ignore_errors=True)
+    _barrier()
+    return final
+
+
+def load_checkpoint(engine, path: str | Path) -> dict:
+    """Collective: restore the engine, this rank's RNG states, and return the trainer state."""
+    path = Path(path)
+    load_path, _ = engine.load_checkpoint(str(path), tag="state", load_optimizer_states=True,
+                                          load_lr_scheduler_states=True)
+    if load_path is None:
+        raise RuntimeError(f"DeepSpeed found no checkpoint in {path}/state")
+    rng_file = path / f"rng_rank{_rank()}.pt"
+    if not rng_file.is_file():
+        raise RuntimeError(f"{rng_file} is missing: was the checkpoint written with a different number of ranks?")
+    set_rng_state(torch.load(rng_file, weights_only=False))
+    return json.loads((path / "trainer.json").read_text())

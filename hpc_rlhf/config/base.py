@@ -1,0 +1,261 @@
+"""Typed configs: nested dataclasses filled from a YAML file plus command-line overrides.
+
+A key is either a dotted path (``train.learning_rate``) or a leaf name that is unique in the
+config (``learning_rate``).  Unknown keys, wrong types and values outside a field's choices are
+errors raised at parse time with a sentence naming the key and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value or key is invalid; the message names the key and what is allowed."""
+
+
+def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | None = None,
+          default_factory: Any = dataclasses.MISSING):
+    """A dataclass field that carries its help text (used by the generated reference)."""
+    meta = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _is_config(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def leaf_paths(cls: type, prefix: str = "") -> dict[str, tuple[str, dataclasses.Field, Any]]:
+    """Map every dotted leaf path of a config class to (path, field, type)."""
+    out: dict[str, tuple[str, dataclasses.Field, Any]] = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        path = f"{prefix}{f.name}"
+        if _is_config(tp):
+            out.update(leaf_paths(tp, path + "."))
+        else:
+            out[path] = (path, f, tp)
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if origin is list:
+        return f"list[{_type_name(get_args(tp)[0])}]"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert ``value`` (from YAML or a command-line string) to ``tp`` or raise ConfigError."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: {value!r} is not a valid {_type_name(tp)}")
+    if origin is Literal:
+        allowed = get_args(tp)
+        for a in allowed:
+            if value == a or (isinstance(value, str) and str(a) == value):
+                return a
+        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
+    if origin is list:
+        (inner,) = get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()] if value.strip() else []
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return [coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"{key}: {value!r} is not a boolean (use true or false)")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: {value!r} is not an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: {value!r} is not an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: {value!r} is not a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: {value!r} is not a number")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: {value!r} is not a string")
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")
+
+
+def resolve_key(cls: type, key: str) -> str:
+    """Turn a dotted path or a unique leaf name into the dotted path, or raise ConfigError."""
+    paths = leaf_paths(cls)
+    if key in paths:
+        return key
+    matches = [p for p in paths if p.rsplit(".", 1)[-1] == key]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise ConfigError(f"option {key!r} is ambiguous; write one of {', '.join(sorted(matches))}")
+    leaves = sorted({p.rsplit('.', 1)[-1] for p in paths} | set(paths))
+    close = difflib.get_close_matches(key, leaves, n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(f"unknown option {key!r} for {cls.__name__}.{hint} "
+                      f"`hpc-rlhf options` lists them all (docs/options.md too).")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, path + "."))
+        else:
+            out[path] = v
+    return out
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = ""):
+    kwargs = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        path = f"{prefix}{f.name}"
+        if _is_config(tp):
+            kwargs[f.name] = _build(tp, values, path + ".")
+        elif path in values:
+            kwargs[f.name] = coerce(values[path], tp, path)
+            choices = f.metadata.get("choices")
+            if choices is not None and kwargs[f.name] not in choices:
+                raise ConfigError(f"{path}: {kwargs[f.name]!r} is not allowed; choose one of "
+                                  f"{', '.join(map(repr, choices))}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{path} is required ({f.metadata.get('help', '')})")
+    return cls(**kwargs)
+
+
+def _validate(obj: Any) -> None:
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            _validate(v)
+    check = getattr(obj, "validate", None)
+    if check is not None:
+        check()
+
+
+_KEY_VALUE = re.compile(r"^[A-Za-z_][\w.]*=")
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
+    """Parse ``key=value``, ``--key=value`` and ``--key value`` (``--flag`` alone means true)."""
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--"):
+            a = a[2:]
+            if "=" in a:
+                k, v = a.split("=", 1)
+            elif i + 1 < len(args) and not args[i + 1].startswith("--") and not _KEY_VALUE.match(args[i + 1]):
+                k, v = a, args[i + 1]
+                i += 1
+            else:
+                k, v = a, "true"
+        elif "=" in a:
+            k, v = a.split("=", 1)
+        else:
+            raise ConfigError(f"cannot read argument {a!r}: write key=value or --key value")
+        pairs.append((k.replace("-", "_"), v))
+        i += 1
+    return pairs
+
+
+def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict | None = None):
+    """Build and validate a ``cls`` from (in order of precedence) overrides, YAML file, ``base``."""
+    values: dict[str, Any] = {}
+    sources: list[tuple[str, dict]] = []
+    if base:
+        sources.append(("defaults", base))
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of options, not {type(data).__name__}")
+        sources.append((str(path), data))
+    for origin, data in sources:
+        for k, v in _flatten(data).items():
+            try:
+                values[resolve_key(cls, k)] = v
+            except ConfigError as e:
+                raise ConfigError(f"{origin}: {e}") from None
+    for k, v in parse_overrides(overrides or []):
+        values[resolve_key(cls, k)] = v
+    cfg = _build(cls, values)
+    _validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

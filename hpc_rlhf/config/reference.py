@@ -1,0 +1,48 @@
+"""The option reference in docs/options.md, generated from the config classes (a test keeps it fresh)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from .base import _type_name, leaf_paths
+from .sft import SFTConfig
+
+COMMANDS: dict[str, type] = {"train sft": SFTConfig}
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "options.md"
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        return "`null`" if f.default is None else f"`{f.default!r}`".replace("|", "\\|")
+    if f.default_factory is not dataclasses.MISSING:
+        return f"`{f.default_factory()!r}`"
+    return "required"
+
+
+def option_table(cls: type) -> str:
+    rows = ["| option | type | default | meaning |", "|---|---|---|---|"]
+    for path, (_, f, tp) in leaf_paths(cls).items():
+        choices = f.metadata.get("choices")
+        typ = " \\| ".join(map(repr, choices)) if choices else _type_name(tp).replace("|", "\\|")
+        helptext = f.metadata.get("help", "").replace("|", "\\|")
+        rows.append(f"| `{path}` | {typ} | {_default(f)} | {helptext} |")
+    return "\n".join(rows)
+
+
+def render() -> str:
+    parts = ["# Option reference", "",
+             "Generated from the config classes by `hpc-rlhf options --write`; do not edit by hand.", "",
+             "Set options in a YAML file (nested by section, e.g. `train: {learning_rate: 1e-5}`) and/or on "
+             "the command line as `key=value` or `--key value`.  A key is the dotted path or, when it is "
+             "unique, the bare name: `train.learning_rate=1e-5`, `learning_rate=1e-5` and "
+             "`--learning_rate 1e-5` are the same.  Lists take commas: `dataset=a.jsonl,b.jsonl`.  "
+             "Unknown keys and invalid values are errors.", ""]
+    for command, cls in COMMANDS.items():
+        parts += [f"## `hpc-rlhf {command}`", "", option_table(cls), ""]
+    return "\n".join(parts)
+
+
+def write(path: Path = DOC_PATH) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render())
+    return path

@@ -1,0 +1,50 @@
+"""Errors about data rows, and the collector of rows that had to be skipped."""
+from __future__ import annotations
+
+from collections import Counter
+
+KINDS = ("missing_key", "empty", "wrong_type", "too_long")
+
+
+class DataError(ValueError):
+    """The data cannot be used; the message names the file and, for a row, its 1-based number."""
+
+
+class BadRows:
+    """Counts bad rows by kind; with policy "error" the first one raises DataError instead."""
+
+    def __init__(self, policy: str = "skip", examples: int = 3):
+        if policy not in ("skip", "error"):
+            raise ValueError(f"bad-row policy must be 'skip' or 'error', not {policy!r}")
+        self.policy = policy
+        self.examples = examples
+        self._counts: Counter[str] = Counter()
+        self._examples: dict[str, list[str]] = {}
+
+    def add(self, source: str, row: int, kind: str, detail: str) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown bad-row kind {kind!r}; use one of {', '.join(KINDS)}")
+        where = f"{source} row {row}: {detail}"
+        if self.policy == "error":
+            raise DataError(f"{where} (set data.bad_rows=skip to skip such rows and report their counts)")
+        self._counts[kind] += 1
+        seen = self._examples.setdefault(kind, [])
+        if len(seen) < self.examples:
+            seen.append(where)
+
+    def counts(self) -> dict[str, int]:
+        return {k: self._counts[k] for k in KINDS if self._counts[k]}
+
+    @property
+    def total(self) -> int:
+        return sum(self._counts.values())
+
+    def summary(self) -> str:
+        """One line per kind: the count and the first examples; empty when no row was bad."""
+        lines = []
+        for kind, n in self.counts().items():
+            lines.append(f"{kind}: {n} row{'s' if n != 1 else ''} skipped, e.g. " + "; ".join(self._examples[kind]))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"BadRows(policy={self.policy!r}, counts={self.counts()})"

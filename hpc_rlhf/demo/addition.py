@@ -1,0 +1,47 @@
+"""The demo's verifiable task: two-digit addition, with demonstrations that often forget the carry.
+
+SFT on these demonstrations learns the majority answer, which is wrong whenever the units digits
+carry (45% of pairs) and right otherwise, so held-out accuracy lands near 0.55 for an honest
+reason.  An exact-match reward can then teach what the demonstrations got wrong.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+
+def carries(a: int, b: int) -> bool:
+    return a % 10 + b % 10 >= 10
+
+
+def forgetful_sum(a: int, b: int) -> int:
+    """a + b computed digit by digit but dropping the carry out of the units column."""
+    return (a // 10 + b // 10) * 10 + (a % 10 + b % 10) % 10
+
+
+def prompt(a: int, b: int) -> str:
+    return f"{a}+{b}="
+
+
+def make_task(seed: int, n_heldout: int = 400, forget_prob: float = 0.7, lo: int = 10, hi: int = 99):
+    """Train rows (with forgetful demonstrations) and held-out rows (with true answers) on disjoint pairs."""
+    rng = random.Random(seed)
+    pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
+    rng.shuffle(pairs)
+    held, train = pairs[:n_heldout], pairs[n_heldout:]
+    train_rows = []
+    for a, b in train:
+        wrong = carries(a, b) and rng.random() < forget_prob
+        answer = forgetful_sum(a, b) if wrong else a + b
+        train_rows.append({"input": prompt(a, b), "output": str(answer), "label": str(a + b)})
+    held_rows = [{"input": prompt(a, b), "output": str(a + b), "label": str(a + b)} for a, b in held]
+    return train_rows, held_rows
+
+
+def write_jsonl(rows: list[dict], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return path

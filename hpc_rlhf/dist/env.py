@@ -1,0 +1,76 @@
+"""Where this process sits: rank, world size and rendezvous, read from the launcher's environment.
+
+The local launcher and torchrun set RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT.
+Under SLURM (srun) the same facts come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; the SLURM
+launcher exports MASTER_ADDR / MASTER_PORT for the job.  A plain `python` run is rank 0 of 1.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def read_env(environ: dict | None = None) -> DistEnv:
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world, local = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0))
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "MASTER_ADDR" in env:
+        rank, world, local = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0))
+    else:
+        rank, world, local = 0, 1, 0
+    return DistEnv(rank, world, local, env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)))
+
+
+def pick_backend(choice: str = "auto") -> str:
+    if choice != "auto":
+        return choice
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str = "auto", timeout_s: int = 600) -> DistEnv:
+    """Join the default process group (a group of one for a single process) and return where we are."""
+    de = read_env()
+    if dist.is_initialized():
+        return de
+    backend = pick_backend(backend)
+    if de.world_size == 1 and "MASTER_PORT" not in os.environ:
+        from ..launch.local import free_port  # a lone process must not collide with a neighbour's port
+        de = DistEnv(0, 1, 0, "127.0.0.1", free_port())
+    if backend == "nccl":
+        torch.cuda.set_device(de.local_rank)
+    os.environ.setdefault("MASTER_ADDR", de.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(de.master_port))
+    dist.init_process_group(backend=backend, init_method=f"tcp://{de.master_addr}:{de.master_port}",
+                            rank=de.rank, world_size=de.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return de
+
+
+def shutdown() -> None:
+    """Barrier, then destroy: gloo aborts now and then if a rank leaves while peers still talk."""
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+
+def device_for(de: DistEnv) -> torch.device:
+    return torch.device("cuda", de.local_rank) if torch.cuda.is_available() else torch.device("cpu")

@@ -1,0 +1,83 @@
+"""DeepSpeed training engine: ZeRO 0-3, optimizer offload, bf16/fp32, clipping, lr schedule.
+
+Gradient accumulation is owned by the caller (``managed_gradient_accumulation: false``): every
+``backward`` accumulates, ``step`` is the boundary.  Micro-batch counts may then vary from step
+to step (token-budget micro-batches), and losses are normalised by the caller
+(see ``algorithms.sft_loss.step_token_mean``), so DeepSpeed's own 1/GAS scaling is switched off.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from ..config import TrainConfig
+from .schedule import make_scheduler
+
+log = logging.getLogger(__name__)
+
+
+def ds_config(train: TrainConfig, param_dtype: str, world_size: int) -> dict:
+    zero: dict = {"stage": train.zero_stage}
+    if train.adam_offload and train.zero_stage > 0:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if train.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if train.zero_stage in (1, 2, 3):
+        zero["overlap_comm"] = False
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": train.max_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": param_dtype == "bf16"},
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only; biases and norm weights (1-D) are not decayed."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def make_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+    groups = param_groups(model, train.weight_decay)
+    betas = tuple(train.adam_betas)
+    if train.adam_offload and torch.cuda.is_available():
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        return DeepSpeedCPUAdam(groups, lr=train.learning_rate, betas=betas)
+    # A torch optimizer avoids compiling DeepSpeed's fused Adam on machines without CUDA.
+    return torch.optim.AdamW(groups, lr=train.learning_rate, betas=betas)
+
+
+def build_engine(model: torch.nn.Module, train: TrainConfig, param_dtype: str, total_steps: int,
+                 world_size: int):
+    """Wrap ``model`` in a DeepSpeed engine with its optimizer and lr schedule."""
+    import deepspeed
+
+    optimizer = make_optimizer(model, train)
+    scheduler = make_scheduler(optimizer, total_steps, train.lr_warmup_ratio, train.lr_scheduler,
+                               train.min_lr_ratio)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config(train, param_dtype, world_size),
+                                           dist_init_required=False)
+    return engine
+
+
+def configure_deepspeed_env() -> None:
+    """Quiet DeepSpeed's INFO chatter and point its JIT cache at a persistent folder."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)

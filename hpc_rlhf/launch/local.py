@@ -1,0 +1,67 @@
+"""Local launcher: start N copies of the same command on this machine, as SLURM would start N tasks.
+
+Each child gets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT and runs exactly the code
+path it runs under srun.  If one child fails, the others are stopped and the launcher exits with
+the failing child's code, naming its rank.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def already_launched() -> bool:
+    """True when this process is one rank of a launched group (ours, torchrun's or srun's)."""
+    return "RANK" in os.environ or ("SLURM_PROCID" in os.environ and "MASTER_ADDR" in os.environ)
+
+
+def launch_local(argv: list[str], nproc: int, grace_s: float = 10.0) -> int:
+    """Run ``python -m hpc_rlhf.cli *argv`` as ``nproc`` ranks; return the first non-zero exit code."""
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-m", "hpc_rlhf.cli", *argv], env=env))
+    failed: tuple[int, int] | None = None
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                failed = bad[0]
+                break
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        failed = (-1, 130)
+    rank, code = failed
+    if rank >= 0:
+        print(f"hpc-rlhf launcher: rank {rank} exited with code {code}; stopping the other ranks",
+              file=sys.stderr, flush=True)
+    _stop(procs, grace_s)
+    return code
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.time() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
