@@ -64,6 +64,15 @@ def test_save_to_disk_folders_and_splits(tmp_path):
         load_source(f"{tmp_path / 'dd'}@valid")
 
 
+def test_folder_of_data_files(tmp_path):
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", ROWS)
+    write_jsonl(folder / "test.jsonl", ROWS[:2])
+    rows, name = load_source(f"{folder}@test")
+    assert rows.to_list() == ROWS[:2] and name == f"{folder}@test"
+
+
 def test_path_errors(tmp_path):
     with pytest.raises(DataError, match="file not found"):
         load_source(str(tmp_path / "nope.jsonl"))

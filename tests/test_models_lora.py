@@ -47,8 +47,8 @@ def test_resolve_pretrained(llama, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(HubOfflineError) as err:
         resolve_pretrained("Qwen/Qwen2.5-0.5B")
-    assert str(err.value) == ("Qwen/Qwen2.5-0.5B is not a local folder, and HF_HUB_OFFLINE is set, so the Hub "
-                              "cannot be reached: copy the model to the cluster and pass its path")
+    assert str(err.value) == ("Qwen/Qwen2.5-0.5B is not a local folder, and HF_HUB_OFFLINE is set, so the "
+                              "Hub cannot be reached: copy the model to the cluster and pass its path")
     with pytest.raises(HubOfflineError):
         load_causal_lm(_cfg("gpt2"))
 
@@ -150,7 +150,8 @@ def test_merge_lora_matches_peft(llama, tmp_path, capsys):
 
     parser = argparse.ArgumentParser()
     lora_mod.add_cli_args(parser)
-    lora_mod.run_cli(parser.parse_args([str(adapter), str(tmp_path / "m2"), "--base", llama, "--dtype", "bf16"]))
+    args = parser.parse_args([str(adapter), str(tmp_path / "m2"), "--base", llama, "--dtype", "bf16"])
+    lora_mod.run_cli(args)
     assert str(tmp_path / "m2") in capsys.readouterr().out
     m2 = AutoModelForCausalLM.from_pretrained(tmp_path / "m2")
     assert m2.dtype == torch.bfloat16

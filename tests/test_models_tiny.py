@@ -28,8 +28,8 @@ def test_tokenizer_ids_and_specials(tok):
     assert len(tok) == 260
     assert [tok.encode(c) for c in "09A "] == [[48], [57], [65], [32]]  # token id == byte value
     assert tok.eos_token == "<|endoftext|>" and tok.pad_token == "<|pad|>" and tok.bos_token is None
-    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]) == [256, 257,
-                                                                                                       258, 259]
+    specials = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
+    assert tok.convert_tokens_to_ids(specials) == [256, 257, 258, 259]
     assert tok.encode("a<|im_end|>") == [97, 259]
     assert tok.model_max_length == 2048 and build_tokenizer(128).model_max_length == 128
 
@@ -57,7 +57,8 @@ def test_every_arch_builds_and_reloads(tmp_path, tok, arch):
     assert rtok.encode(text) == tok.encode(text) and rtok.decode(rtok.encode(text)) == text
     assert rtok.chat_template == tok.chat_template and rtok.model_max_length == 64
     cfg = model.config
-    assert cfg.model_type == arch and cfg.vocab_size == len(tok) == model.get_input_embeddings().num_embeddings
+    assert cfg.model_type == arch
+    assert cfg.vocab_size == len(tok) == model.get_input_embeddings().num_embeddings
     assert (cfg.eos_token_id, cfg.pad_token_id, cfg.bos_token_id) == (256, 257, None)
     assert model.generation_config.eos_token_id == [256, 259] and model.generation_config.pad_token_id == 257
     # Same config + same seed gives the weights that were saved: logits identical after the reload.
@@ -92,8 +93,9 @@ def test_bad_arguments(tmp_path):
 def test_cli(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args([str(tmp_path / "m"), "--arch", "mistral", "--hidden-size", "32", "--layers", "1",
-                              "--heads", "2", "--intermediate-size", "48", "--max-position", "32", "--seed", "5"])
+    args = parser.parse_args([str(tmp_path / "m"), "--arch", "mistral", "--hidden-size", "32",
+                              "--layers", "1", "--heads", "2", "--intermediate-size", "48",
+                              "--max-position", "32", "--seed", "5"])
     run_cli(args)
     out = capsys.readouterr().out
     # embed 260*32 + head 260*32 + attn 4*32*32 + mlp 3*32*48 + 3 norms of 32

@@ -80,6 +80,12 @@ class DataConfig:
             raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
         if self.apply_chat_template and self.input_template is not None:
             raise ConfigError("data.input_template and data.apply_chat_template exclude each other")
+        if self.eval_dataset and self.eval_split_ratio > 0:
+            raise ConfigError("data.eval_dataset and data.eval_split_ratio exclude each other: evaluate on the "
+                              "given eval_dataset or hold out a fraction of the training rows, not both")
+        if self.pretrain_mode and (self.input_template is not None or self.apply_chat_template):
+            raise ConfigError("data.pretrain_mode trains on the raw text of input_key: it excludes "
+                              "data.input_template and data.apply_chat_template")
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < self.max_len:
             raise ConfigError(f"data.micro_batch_tokens ({self.micro_batch_tokens}) must be >= data.max_len "
                               f"({self.max_len}) so every sample fits in a micro-batch")

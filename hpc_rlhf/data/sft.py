@@ -1,6 +1,7 @@
 """Rows -> tokenized SFT samples with a loss mask (plain prompt/response, pre-training, chat)."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -61,7 +62,8 @@ def _check_messages(messages: Any, key: str) -> list[dict]:
     for j, m in enumerate(messages, 1):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise _Bad("wrong_type", f"{key!r} message {j} is not a {{role: str, content: str}} dict")
-    return [dict(m) for m in messages]
+    # rows read through Arrow give keys missing from a message as None: drop them for the template
+    return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
 class _ChatRenderer:
@@ -111,6 +113,8 @@ def _render_rows(rows: Iterable[dict], name: str, tokenizer, cfg: DataConfig, ba
     if not cfg.apply_chat_template and not eos:
         raise DataError(f"{name}: the tokenizer has no eos_token, so responses cannot be ended; set one")
     chat = _ChatRenderer(tokenizer, cfg.tokenizer_chat_template, name) if cfg.apply_chat_template else None
+    if chat is None and not cfg.pretrain_mode and cfg.output_key is None:
+        raise DataError("data.output_key is null: set it, or use apply_chat_template or pretrain_mode")
     template = cfg.input_template
     if template is not None:
         try:
@@ -141,8 +145,6 @@ def _render_rows(rows: Iterable[dict], name: str, tokenizer, cfg: DataConfig, ba
                 yield _Text(r, _get_str(row, cfg.input_key) + eos, None)
             else:
                 prompt = _get_str(row, cfg.input_key)
-                if cfg.output_key is None:
-                    raise DataError("data.output_key is null: set it, or use apply_chat_template or pretrain_mode")
                 response = _get_str(row, cfg.output_key)
                 if template is not None:
                     prompt = template.format(prompt)
@@ -154,13 +156,14 @@ def _render_rows(rows: Iterable[dict], name: str, tokenizer, cfg: DataConfig, ba
 
 def _mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
     """1 for a token whose first character lies in a span, or that straddles a span's start."""
-    mask = [0] * len(offsets)
-    for j, (s, e) in enumerate(offsets):
-        for a, b in spans:
-            if a <= s < b or s < a < e:
-                mask[j] = 1
-                break
-    return mask
+    if not offsets:
+        return []
+    flat = np.fromiter(itertools.chain.from_iterable(offsets), dtype=np.int64, count=2 * len(offsets))
+    start, end = flat[0::2], flat[1::2]
+    mask = np.zeros(len(offsets), dtype=bool)
+    for a, b in spans:
+        mask |= ((start >= a) & (start < b)) | ((start < a) & (end > a))
+    return mask.astype(np.int64).tolist()
 
 
 def build_sft_samples(rows: Iterable[dict], name: str, tokenizer, cfg: DataConfig, bad: BadRows) -> list[Sample]:
@@ -239,12 +242,13 @@ def load_sft_data(cfg: DataConfig, tokenizer, seed: int) -> tuple[list[Sample], 
         per_source.append(samples)
     total_kept = sum(len(s) for s in per_source)
     if total_kept == 0:
-        raise DataError(f"no training samples: read {rows_read} rows from {', '.join(cfg.dataset)} and every one "
-                        f"was bad:\n{bad.summary()}")
+        raise DataError(f"no training samples: read {rows_read} rows from {', '.join(cfg.dataset)}, "
+                        f"{bad.total} of them bad:\n{bad.summary()}")
     probs = cfg.dataset_probs
-    for spec, samples, p in zip(cfg.dataset, per_source, probs or [1.0] * len(per_source)):
-        if not samples and p > 0:
-            raise DataError(f"{spec}: no usable rows (its mixing probability is {p}):\n{bad.summary()}")
+    for k, (spec, samples) in enumerate(zip(cfg.dataset, per_source)):
+        if not samples and (probs is None or probs[k] > 0):
+            raise DataError(f"{spec}: no usable rows (check data.input_key/output_key for this source):\n"
+                            f"{bad.summary()}")
 
     eval_samples: list[Sample] = []
     if cfg.eval_dataset:

@@ -33,8 +33,8 @@ def resolve_pretrained(name: str) -> str:
     if _looks_local(name):
         raise FileNotFoundError(f"model folder {name} does not exist (or is not a folder)")
     if _env_true("HF_HUB_OFFLINE"):
-        raise HubOfflineError(f"{name} is not a local folder, and HF_HUB_OFFLINE is set, so the Hub cannot be "
-                              "reached: copy the model to the cluster and pass its path")
+        raise HubOfflineError(f"{name} is not a local folder, and HF_HUB_OFFLINE is set, so the Hub "
+                              "cannot be reached: copy the model to the cluster and pass its path")
     return name
 
 
@@ -80,9 +80,9 @@ def load_causal_lm(cfg: ModelConfig, *, trainable: bool = True):
 
 
 def _enable_checkpointing(model) -> None:
-    """Non-reentrant activation checkpointing (no input-grad hook needed with a frozen embedding)."""
+    """Non-reentrant activation checkpointing of every decoder layer."""
     kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
+    if hasattr(model, "activation_checkpointing_enable"):  # newer name; older 5.x only has the other
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

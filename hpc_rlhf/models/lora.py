@@ -25,8 +25,8 @@ def save_lora_adapter(peft_model, out_dir, tokenizer=None) -> Path:
 def _adapter_base(adapter_dir: Path) -> str | None:
     cfg_file = adapter_dir / "adapter_config.json"
     if not cfg_file.is_file():
-        hint = (" (it holds a full model: there is nothing to merge)" if (adapter_dir / "config.json").is_file()
-                else "")
+        full_model = (adapter_dir / "config.json").is_file()
+        hint = " (it holds a full model: there is nothing to merge)" if full_model else ""
         raise FileNotFoundError(f"{adapter_dir} has no adapter_config.json{hint}: pass the folder written by "
                                 "a LoRA run (lora_rank > 0)")
     return json.loads(cfg_file.read_text()).get("base_model_name_or_path")

@@ -31,8 +31,9 @@ def _model_config(arch: str, vocab: int, hidden: int, layers: int, heads: int, k
 
 
 def build_tiny_model(out_dir, arch: str = "llama", hidden_size: int = 64, num_layers: int = 2,
-                     num_heads: int = 4, num_kv_heads: int | None = None, intermediate_size: int | None = None,
-                     max_position_embeddings: int = 512, seed: int = 0, dtype: str = "fp32") -> Path:
+                     num_heads: int = 4, num_kv_heads: int | None = None,
+                     intermediate_size: int | None = None, max_position_embeddings: int = 512, seed: int = 0,
+                     dtype: str = "fp32") -> Path:
     """Write a seeded random ``arch`` model plus the byte-level tokenizer to ``out_dir``; return the path."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}: choose one of {', '.join(ARCHS)}")
@@ -46,7 +47,8 @@ def build_tiny_model(out_dir, arch: str = "llama", hidden_size: int = 64, num_la
     tok = build_tokenizer(model_max_length=max_position_embeddings)
     im_end = tok.convert_tokens_to_ids(IM_END)
     # The tokenizer has no BOS token, so the model config has none either.
-    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+           "pad_token_id": tok.pad_token_id}
     config = _model_config(arch, len(tok), hidden_size, num_layers, num_heads, kv_heads,
                            intermediate_size or 4 * hidden_size, max_position_embeddings, ids)
     torch.manual_seed(seed)
