@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -45,10 +46,11 @@ class DemoContext:
 
 def run_training(ctx: DemoContext, trainer: str, name: str, config: dict) -> Path:
     """Write the stage's config file and run `hpc-rlhf train TRAINER --config FILE` on ctx.nproc ranks."""
-    from ..cli import main as cli_main
     path = ctx.out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    code = cli_main(["train", trainer, "--config", str(path), f"launch.nproc={ctx.nproc}"])
+    # A child process per stage, as a user would run it; no distributed state leaks between stages.
+    code = subprocess.call([sys.executable, "-m", "hpc_rlhf.cli", "train", trainer, "--config", str(path),
+                            f"launch.nproc={ctx.nproc}"], stdout=sys.stderr)
     if code != 0:
         raise RuntimeError(f"demo stage {name}: `hpc-rlhf train {trainer} --config {path}` exited with {code}")
     return Path(config["ckpt"]["save_path"])

@@ -55,8 +55,10 @@ def init_distributed(backend: str = "auto", timeout_s: int = 600) -> DistEnv:
         de = DistEnv(0, 1, 0, "127.0.0.1", free_port())
     if backend == "nccl":
         torch.cuda.set_device(de.local_rank)
-    os.environ.setdefault("MASTER_ADDR", de.master_addr)
-    os.environ.setdefault("MASTER_PORT", str(de.master_port))
+    # DeepSpeed reads these from the environment whatever launched us.
+    for key, value in (("RANK", de.rank), ("WORLD_SIZE", de.world_size), ("LOCAL_RANK", de.local_rank),
+                       ("MASTER_ADDR", de.master_addr), ("MASTER_PORT", de.master_port)):
+        os.environ.setdefault(key, str(value))
     dist.init_process_group(backend=backend, init_method=f"tcp://{de.master_addr}:{de.master_port}",
                             rank=de.rank, world_size=de.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
