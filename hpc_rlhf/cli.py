@@ -7,6 +7,8 @@ import os
 import sys
 
 from .config import ConfigError, load_config
+from .data.rows import DataError
+from .models.loading import HubOfflineError
 
 TRAINERS = {"sft": ("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.sft:run_sft")}
 
@@ -102,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, rest)
     except ConfigError as e:
         print(f"hpc-rlhf: config error: {e}", file=sys.stderr)
+        return 2
+    except (DataError, HubOfflineError, FileNotFoundError) as e:
+        print(f"hpc-rlhf: {e}", file=sys.stderr)
         return 2
 
 
