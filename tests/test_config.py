@@ -76,3 +76,9 @@ def test_reference_lists_every_openrlhf_name():
                  "target_modules", "load_in_4bit", "save_path", "save_steps", "ckpt_path", "load_checkpoint",
                  "logging_steps", "eval_steps", "seed", "param_dtype"]:
         assert f".{name}`" in text, name
+
+
+def test_example_configs_parse():
+    from pathlib import Path
+    for f in sorted((Path(__file__).parents[1] / "examples").glob("sft*.yaml")):
+        load_config(SFTConfig, f)
