@@ -122,8 +122,8 @@ class TrainConfig:
 class CheckpointConfig:
     save_path: str = field("./ckpt/model", help="where the final HF model (safetensors + tokenizer) goes; "
                                                 "metrics.jsonl and TensorBoard events go here too")
-    save_steps: int = field(-1, help="write a resumable checkpoint every N steps (-1: only at the end "
-                                     "when preempted)")
+    save_steps: int = field(-1, help="write a resumable checkpoint every N steps (-1: none; the final "
+                                     "model is exported to save_path in any case)")
     ckpt_path: str = field("./ckpt/checkpoints", help="folder of resumable checkpoints")
     max_ckpt_num: int = field(3, help="resumable checkpoints kept (oldest removed first)")
     load_checkpoint: bool = field(False, help="resume from the newest committed checkpoint in ckpt_path")

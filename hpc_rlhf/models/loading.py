@@ -76,7 +76,8 @@ def load_causal_lm(cfg: ModelConfig, *, trainable: bool = True):
         _enable_checkpointing(model)
     if cfg.lora_rank > 0:
         model = _wrap_lora(model, cfg)
-    return model
+    # from_pretrained returns eval mode: dropout off and, in transformers, checkpointing skipped
+    return model.train()
 
 
 def _enable_checkpointing(model) -> None:
