@@ -10,7 +10,10 @@ from .config import ConfigError, load_config
 from .data.rows import DataError
 from .models.loading import HubOfflineError
 
-TRAINERS = {"sft": ("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.sft:run_sft")}
+TRAINERS = {"sft": ("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.sft:run_sft"),
+            "rl": ("hpc_rlhf.config.rl:RLConfig", "hpc_rlhf.trainers.rl:run_rl")}
+# Trainers whose rank count follows from their placement plan rather than launch.nproc.
+PLANNED = {"rl": "hpc_rlhf.trainers.rl:plan_from_config"}
 
 
 def _import(spec: str):
@@ -33,9 +36,15 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from .launch.local import already_launched, launch_local
     config_cls, runner = TRAINERS[args.trainer]
     cfg = load_config(_import(config_cls), args.config, rest)
-    if cfg.launch.nproc > 1 and not already_launched():
+    nproc = cfg.launch.nproc
+    if args.trainer in PLANNED:
+        plan = _import(PLANNED[args.trainer])(cfg)
+        nproc = plan.world_size
+        if not already_launched():
+            print(plan.describe(), file=sys.stderr, flush=True)
+    if nproc > 1 and not already_launched():
         return launch_local(["train", args.trainer, *(["--config", args.config] if args.config else []), *rest],
-                            cfg.launch.nproc)
+                            nproc)
     _import(runner)(cfg)
     return 0
 
@@ -86,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     lm = sub.add_parser("lora-merge", help="merge a LoRA adapter into its base model")
     lora.add_cli_args(lm)
     lm.set_defaults(func=cmd_lora_merge)
+
+    from .rewards import server as reward_server
+    sr = sub.add_parser("serve-reward", help="serve a reward-function file over HTTP (127.0.0.1 by default)")
+    reward_server.add_cli_args(sr)
+    sr.set_defaults(func=lambda a, r: reward_server.run_cli(a))
 
     from .demo.run import add_cli_args as demo_args
     d = sub.add_parser("demo", help="the tiny end-to-end job: synthetic addition task, training, held-out accuracy")

@@ -1,0 +1,26 @@
+"""Algorithm math: losses, advantage estimators, KL terms, loss aggregation, whitening.
+
+Everything here is a pure function of tensors (the KL controllers are the only state), so it can be
+tested on CPU without a model or a process group.  See docs/algorithms.md.
+"""
+from .advantages import (AdvantageEstimator, contiguous_group_ids, discounted_returns,
+                         gae_advantages, group_mean_std, make_advantage_estimator,
+                         outcome_token_rewards)
+from .aggregation import LOSS_AGGREGATIONS, StepNorm, aggregate
+from .kl import (KL_ESTIMATORS, AdaptiveKLController, FixedKLController, compute_kl,
+                 kl_penalty_rewards, make_kl_controller)
+from .policy_loss import entropy_from_logits, policy_loss
+from .registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry
+from .value_loss import value_loss
+from .whiten import masked_mean, masked_mean_var, masked_whiten
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "Registry",
+    "AdvantageEstimator", "make_advantage_estimator", "contiguous_group_ids", "discounted_returns",
+    "gae_advantages", "group_mean_std", "outcome_token_rewards",
+    "StepNorm", "aggregate",
+    "AdaptiveKLController", "FixedKLController", "compute_kl", "kl_penalty_rewards",
+    "make_kl_controller",
+    "entropy_from_logits", "policy_loss", "value_loss",
+    "masked_mean", "masked_mean_var", "masked_whiten",
+]

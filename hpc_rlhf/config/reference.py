@@ -5,9 +5,10 @@ import dataclasses
 from pathlib import Path
 
 from .base import _type_name, leaf_paths
+from .rl import RLConfig
 from .sft import SFTConfig
 
-COMMANDS: dict[str, type] = {"train sft": SFTConfig}
+COMMANDS: dict[str, type] = {"train sft": SFTConfig, "train rl": RLConfig}
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "options.md"
 
 

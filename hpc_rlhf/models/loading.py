@@ -72,12 +72,26 @@ def load_causal_lm(cfg: ModelConfig, *, trainable: bool = True):
         from peft import prepare_model_for_kbit_training
         # Freezes the base and upcasts its non-quantized weights (norms, embeddings, head) to fp32.
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        _keep_4bit_training_layout(model)
     if cfg.gradient_checkpointing:
         _enable_checkpointing(model)
     if cfg.lora_rank > 0:
         model = _wrap_lora(model, cfg)
     # from_pretrained returns eval mode: dropout off and, in transformers, checkpointing skipped
     return model.train()
+
+
+def _keep_4bit_training_layout(model) -> None:
+    """Stop bitsandbytes from repacking 4-bit weights for its CPU inference kernel.
+
+    On CPUs with AVX512-BF16 a Linear4bit run in eval mode on an input without grad (evaluation)
+    rewrites its weight, for good, into a layout whose kernel has no autograd: later training steps
+    then silently lose the gradient through the frozen base layers (and layers narrower than the
+    quantization block size crash).
+    """
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
 
 def _enable_checkpointing(model) -> None:

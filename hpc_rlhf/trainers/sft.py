@@ -143,7 +143,7 @@ def _run(cfg: SFTConfig, de: DistEnv) -> dict[str, float]:
     if cfg.ckpt.load_checkpoint:
         path = latest_checkpoint(cfg.ckpt.ckpt_path)
         if path is not None:
-            state = load_checkpoint(engine, path)
+            state = load_checkpoint({"model": engine}, path)
             start = state["step"]
             if de.is_main:
                 log.info("resumed from %s at step %d", path, start)
@@ -172,7 +172,7 @@ def _run(cfg: SFTConfig, de: DistEnv) -> dict[str, float]:
             metrics_log.log(done, metrics)
         progress.update(done, metrics, done % cfg.log.logging_steps == 0)
         if cfg.ckpt.save_steps > 0 and done % cfg.ckpt.save_steps == 0 and done < total_steps:
-            save_checkpoint(engine, cfg.ckpt.ckpt_path, done, {"step": done}, cfg.ckpt.max_ckpt_num)
+            save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, done, {"step": done}, cfg.ckpt.max_ckpt_num)
     progress.close()
     if eval_set and "eval_loss" not in metrics:
         metrics["eval_loss"] = evaluate(engine, maker, eval_set, de)

@@ -1,0 +1,339 @@
+"""Advantage estimators: PPO's GAE and the critic-free REINFORCE / GRPO family.
+
+Shapes.  ``rewards`` [B] is the scalar (outcome) reward of each sample; ``token_rewards`` [B, R]
+holds per-token rewards over the response positions (the KL penalty −β·kl_t when the KL is in the
+reward, zeros otherwise); ``mask`` [B, R] is 1.0 on real response tokens and 0 after the end;
+``values`` [B, R] are the critic's values V_t of the state before token t.
+
+Groups.  Samples of the same prompt share a ``group_ids`` value ([B] int tensor, any integers, any
+order, groups may differ in size).  Samples arriving in contiguous groups of n get their ids from
+``contiguous_group_ids(B, n)``.  Group statistics are taken over the samples present in this call:
+every group must be complete on one rank (the rank that generated it keeps it), so group
+statistics need no communication.  Whitening, where an estimator uses it, is global: masked
+mean/variance over every valid token of every data-parallel rank, via ``all_reduce``.
+
+Per-token reward.  Where an estimator works with token rewards it uses
+    r_t = token_rewards_t + [t = last valid token] · (scalar reward of the sample)
+so the outcome reward sits on the last real response token (a sample with no valid token gets
+none) and padded positions are 0.
+
+Every estimator is a small dataclass registered in ``ADVANTAGE_ESTIMATORS``.  Trainers read its
+attributes (``needs_critic``, ``kl_in_reward``, ``default_loss_agg``, ``uses_groups``) and call
+``compute``; they never branch on its name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+
+from .registry import ADVANTAGE_ESTIMATORS
+from .whiten import AllReduce, masked_whiten
+
+Tensor = torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# building blocks
+# ---------------------------------------------------------------------------------------------
+
+def contiguous_group_ids(batch_size: int, n_samples_per_prompt: int,
+                         device: Optional[torch.device] = None) -> Tensor:
+    """Group ids [B] for samples that arrive in contiguous groups of ``n_samples_per_prompt``."""
+    if n_samples_per_prompt < 1 or batch_size % n_samples_per_prompt:
+        raise ValueError(f"batch size {batch_size} is not a multiple of n_samples_per_prompt="
+                         f"{n_samples_per_prompt}")
+    return torch.arange(batch_size, device=device) // n_samples_per_prompt
+
+
+def _group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    inv = torch.unique(group_ids, return_inverse=True)[1]
+    return inv, int(inv.max().item()) + 1 if inv.numel() else 0
+
+
+def group_sum_count(x: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """For each sample: the sum of ``x`` [B] over its group and the group's size (both [B])."""
+    inv, n = _group_index(group_ids)
+    xf = x.float()
+    sums = torch.zeros(n, dtype=xf.dtype, device=x.device).index_add_(0, inv, xf)
+    counts = torch.bincount(inv, minlength=n).to(xf.dtype)
+    return sums[inv], counts[inv]
+
+
+def group_mean_std(x: Tensor, group_ids: Tensor, unbiased: bool = True) -> tuple[Tensor, Tensor]:
+    """Per-sample group mean and group standard deviation of ``x`` [B] (both [B]).
+
+    ``unbiased=True``: sample std sqrt(Σ (x − mean)² / (n − 1)); a group of one sample has std 0.
+    ``unbiased=False``: population std sqrt(Σ (x − mean)² / n).
+    """
+    inv, n = _group_index(group_ids)
+    xf = x.float()
+    s, c = group_sum_count(xf, group_ids)
+    mean = s / c
+    sq = torch.zeros(n, dtype=xf.dtype, device=x.device).index_add_(0, inv, (xf - mean) ** 2)[inv]
+    denom = (c - 1.0).clamp(min=1.0) if unbiased else c
+    std = torch.sqrt(sq / denom)
+    return mean, std
+
+
+def _zero_pad(x: Tensor, mask: Tensor) -> Tensor:
+    """x in float32 with padded positions set to 0 (robust to inf/nan garbage there)."""
+    xf = x.float()
+    return torch.where(mask.bool(), xf, torch.zeros_like(xf))
+
+
+def outcome_token_rewards(rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor) -> Tensor:
+    """r [B, R]: token rewards (masked) plus the scalar reward on each sample's last valid token."""
+    m = mask.float()
+    B, R = m.shape
+    r = torch.zeros_like(m) if token_rewards is None else _zero_pad(token_rewards, mask)
+    if R == 0:
+        return r
+    pos = torch.arange(1, R + 1, device=m.device, dtype=m.dtype)
+    last = (pos * m).argmax(dim=-1, keepdim=True)          # index of the last position with mask 1
+    has = (m.sum(-1, keepdim=True) > 0).to(m.dtype)         # samples with at least one token
+    return r.scatter_add(1, last, rewards.float().reshape(B, 1) * has)
+
+
+def discounted_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """G_t = Σ_{k ≥ t} γ^(k−t) r_k over the valid positions (0 on padding)."""
+    m = mask.float()
+    r = _zero_pad(r, mask)
+    if gamma == 1.0:
+        return torch.flip(torch.cumsum(torch.flip(r, [-1]), -1), [-1]) * m
+    out = torch.zeros_like(r)
+    running = torch.zeros_like(r[:, 0]) if r.shape[1] else None
+    for t in range(r.shape[1] - 1, -1, -1):
+        running = r[:, t] + gamma * running
+        out[:, t] = running
+    return out * m
+
+
+def gae_advantages(r: Tensor, values: Tensor, mask: Tensor, gamma: float,
+                   lambd: float) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016), before any whitening.
+
+    δ_t = r_t + γ V_{t+1} − V_t with V = 0 beyond the last valid token;
+    A_t = Σ_{k ≥ 0} (γλ)^k δ_{t+k};  returns_t = A_t + V_t.  Both 0 on padding.
+    """
+    m = mask.float()
+    v = _zero_pad(values.detach(), mask)
+    r = _zero_pad(r, mask)
+    next_v = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)
+    delta = (r + gamma * next_v - v) * m
+    gl = gamma * lambd
+    if gl == 1.0:
+        adv = torch.flip(torch.cumsum(torch.flip(delta, [-1]), -1), [-1])
+    else:
+        adv = torch.zeros_like(delta)
+        running = torch.zeros_like(delta[:, 0]) if delta.shape[1] else None
+        for t in range(delta.shape[1] - 1, -1, -1):
+            running = delta[:, t] + gl * running
+            adv[:, t] = running
+    adv = adv * m
+    return adv, (adv + v) * m
+
+
+def _check(rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor) -> None:
+    if mask.dim() != 2:
+        raise ValueError(f"mask must be [B, R], got {tuple(mask.shape)}")
+    if rewards.shape != mask.shape[:1]:
+        raise ValueError(f"rewards must be [B]={tuple(mask.shape[:1])}, got {tuple(rewards.shape)}")
+    if token_rewards is not None and token_rewards.shape != mask.shape:
+        raise ValueError(f"token_rewards must be [B, R]={tuple(mask.shape)}, "
+                         f"got {tuple(token_rewards.shape)}")
+
+
+def _need_groups(name: str, group_ids: Optional[Tensor], rewards: Tensor) -> Tensor:
+    if group_ids is None:
+        raise ValueError(f"advantage_estimator {name!r} needs group_ids (samples of the same prompt)")
+    if group_ids.shape != rewards.shape:
+        raise ValueError(f"group_ids must be [B]={tuple(rewards.shape)}, got {tuple(group_ids.shape)}")
+    return group_ids
+
+
+# ---------------------------------------------------------------------------------------------
+# estimators
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class AdvantageEstimator:
+    """Base of the registered estimator units.
+
+    Class attributes a trainer reads:
+      needs_critic      the estimator uses ``values`` (a critic must be trained)
+      kl_in_reward      default place of the KL term: True = penalty in ``token_rewards``,
+                        False = KL loss term in the policy loss (the config's use_kl_loss overrides)
+      default_loss_agg  the loss_agg_mode used when the config does not set one
+      uses_groups       the estimator needs ``group_ids``
+    """
+
+    name: ClassVar[str] = ""
+    needs_critic: ClassVar[bool] = False
+    kl_in_reward: ClassVar[bool] = True
+    default_loss_agg: ClassVar[str] = "token_mean"
+    uses_groups: ClassVar[bool] = False
+
+    def compute(self, rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor,
+                values: Optional[Tensor] = None, group_ids: Optional[Tensor] = None,
+                gamma: float = 1.0, lambd: float = 1.0,
+                all_reduce: AllReduce = None) -> tuple[Tensor, Optional[Tensor]]:
+        """(advantages [B, R], returns [B, R] or None); both float32 and 0 on padding."""
+        raise NotImplementedError
+
+
+@ADVANTAGE_ESTIMATORS.register("gae")
+@dataclass
+class GAE(AdvantageEstimator):
+    """PPO with a critic.  r_t as in the module doc; δ_t = r_t + γ V_{t+1} − V_t (V = 0 past the
+    last valid token); A_t = Σ_k (γλ)^k δ_{t+k}; returns = A + V (un-whitened, the critic's
+    target).  The advantages are then whitened over all valid tokens of all ranks."""
+
+    name: ClassVar[str] = "gae"
+    needs_critic: ClassVar[bool] = True
+    kl_in_reward: ClassVar[bool] = True
+    whiten: bool = True
+    eps: float = 1e-8
+
+    def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
+                lambd=1.0, all_reduce=None):
+        _check(rewards, token_rewards, mask)
+        if values is None:
+            raise ValueError("advantage_estimator 'gae' needs critic values [B, R]")
+        if values.shape != mask.shape:
+            raise ValueError(f"values must be [B, R]={tuple(mask.shape)}, got {tuple(values.shape)}")
+        r = outcome_token_rewards(rewards, token_rewards, mask)
+        adv, ret = gae_advantages(r, values, mask, gamma, lambd)
+        if self.whiten:
+            adv = masked_whiten(adv, mask, all_reduce, eps=self.eps)
+        return adv, ret
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce")
+@dataclass
+class Reinforce(AdvantageEstimator):
+    """REINFORCE++ (Hu 2025): G_t = Σ_{k ≥ t} γ^(k−t) r_k, advantages = G whitened over all valid
+    tokens of all ranks; returns = G.  KL in the reward by default."""
+
+    name: ClassVar[str] = "reinforce"
+    kl_in_reward: ClassVar[bool] = True
+    whiten: bool = True
+    eps: float = 1e-8
+
+    def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
+                lambd=1.0, all_reduce=None):
+        _check(rewards, token_rewards, mask)
+        g = discounted_returns(outcome_token_rewards(rewards, token_rewards, mask), mask, gamma)
+        adv = masked_whiten(g, mask, all_reduce, eps=self.eps) if self.whiten else g
+        return adv, g
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_baseline")
+@dataclass
+class ReinforceBaseline(AdvantageEstimator):
+    """REINFORCE++-baseline: the scalar reward minus its group mean, r̃_i = r_i − mean_g(r), then
+    the token returns of ``reinforce`` built from r̃ (token rewards unchanged), then global
+    whitening.  Returns = those token returns."""
+
+    name: ClassVar[str] = "reinforce_baseline"
+    kl_in_reward: ClassVar[bool] = True
+    uses_groups: ClassVar[bool] = True
+    whiten: bool = True
+    eps: float = 1e-8
+
+    def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
+                lambd=1.0, all_reduce=None):
+        _check(rewards, token_rewards, mask)
+        gid = _need_groups(self.name, group_ids, rewards)
+        s, c = group_sum_count(rewards, gid)
+        shaped = rewards.float() - s / c
+        g = discounted_returns(outcome_token_rewards(shaped, token_rewards, mask), mask, gamma)
+        adv = masked_whiten(g, mask, all_reduce, eps=self.eps) if self.whiten else g
+        return adv, g
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+@dataclass
+class RLOO(AdvantageEstimator):
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): r̃_i = r_i − (Σ_{j∈g, j≠i} r_j)/(n_g − 1),
+    i.e. n_g/(n_g − 1)·(r_i − mean_g); then the token returns of ``reinforce`` from r̃ (KL stays in
+    the token rewards).  No whitening.  A group of one sample has no baseline: r̃ = 0."""
+
+    name: ClassVar[str] = "rloo"
+    kl_in_reward: ClassVar[bool] = True
+    uses_groups: ClassVar[bool] = True
+    whiten: bool = False
+    eps: float = 1e-8
+
+    def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
+                lambd=1.0, all_reduce=None):
+        _check(rewards, token_rewards, mask)
+        gid = _need_groups(self.name, group_ids, rewards)
+        r = rewards.float()
+        s, c = group_sum_count(r, gid)
+        baseline = torch.where(c > 1, (s - r) / (c - 1.0).clamp(min=1.0), r)
+        g = discounted_returns(outcome_token_rewards(r - baseline, token_rewards, mask), mask, gamma)
+        adv = masked_whiten(g, mask, all_reduce, eps=self.eps) if self.whiten else g
+        return adv, g
+
+
+def _sequence_reward(rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor) -> Tensor:
+    """R_i = r_i + Σ_t token_rewards_{i,t} (the token rewards are 0 unless the config moves the KL
+    penalty into the reward for a group estimator)."""
+    r = rewards.float()
+    if token_rewards is not None:
+        r = r + _zero_pad(token_rewards, mask).sum(-1)
+    return r
+
+
+@ADVANTAGE_ESTIMATORS.register("group_norm")
+@dataclass
+class GroupNorm(AdvantageEstimator):
+    """GRPO (Shao et al. 2024, outcome supervision): A_i = (R_i − mean_g(R)) / (std_g(R) + eps),
+    broadcast to every valid token of sample i.  std_g is the SAMPLE standard deviation
+    (Bessel-corrected, n_g − 1) over the group; a group of one sample gets A = 0.  KL goes in the
+    loss by default.  Default aggregation is ``seq_mean`` as in the paper's objective
+    (1/G Σ_i 1/|o_i| Σ_t)."""
+
+    name: ClassVar[str] = "group_norm"
+    kl_in_reward: ClassVar[bool] = False
+    default_loss_agg: ClassVar[str] = "seq_mean"
+    uses_groups: ClassVar[bool] = True
+    eps: float = 1e-6
+
+    def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
+                lambd=1.0, all_reduce=None):
+        _check(rewards, token_rewards, mask)
+        gid = _need_groups(self.name, group_ids, rewards)
+        R = _sequence_reward(rewards, token_rewards, mask)
+        mean, std = group_mean_std(R, gid, unbiased=True)
+        a = (R - mean) / (std + self.eps)
+        return a[:, None] * mask.float(), None
+
+
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
+@dataclass
+class DrGRPO(AdvantageEstimator):
+    """Dr. GRPO (Liu et al. 2025): A_i = R_i − mean_g(R) (no std division), broadcast to every
+    valid token, AND ``default_loss_agg = "constant"``: the step's loss is Σ token losses divided
+    by (number of sequences × a constant, the maximum generation length), not by each sequence's
+    length.  KL goes in the loss by default."""
+
+    name: ClassVar[str] = "dr_grpo"
+    kl_in_reward: ClassVar[bool] = False
+    default_loss_agg: ClassVar[str] = "constant"
+    uses_groups: ClassVar[bool] = True
+
+    def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
+                lambd=1.0, all_reduce=None):
+        _check(rewards, token_rewards, mask)
+        gid = _need_groups(self.name, group_ids, rewards)
+        R = _sequence_reward(rewards, token_rewards, mask)
+        s, c = group_sum_count(R, gid)
+        return (R - s / c)[:, None] * mask.float(), None
+
+
+def make_advantage_estimator(name: str, **kwargs) -> AdvantageEstimator:
+    """The registered estimator ``name`` built with ``kwargs`` (e.g. ``eps``, ``whiten``)."""
+    return ADVANTAGE_ESTIMATORS.get(name)(**kwargs)

@@ -1,0 +1,170 @@
+"""Per-token policy losses (before aggregation) and the entropy of the policy.
+
+Every loss registered in ``POLICY_LOSSES`` has the signature
+
+    fn(log_probs, old_log_probs, advantages, mask, *, eps_clip=0.2, eps_clip_high=None,
+       dual_clip=None) -> (loss [B, R], metrics)
+
+``log_probs`` [B, R] are the current policy's log-probabilities of the sampled response tokens
+(with gradient), ``old_log_probs`` those of the policy that generated them, ``advantages`` [B, R],
+``mask`` [B, R].  The loss is 0 on padding; it becomes a scalar through ``aggregation.aggregate``.
+``eps_clip_high=None`` means ``eps_clip`` (symmetric clip).  ``metrics`` holds detached 0-dim
+tensors, each a mean over this call's valid tokens: ``clip_frac`` (tokens where the clipped term
+is the active one), ``dual_clip_frac``, and ``approx_kl`` = mean((ρ − 1) − log ρ), the k3 estimate
+of KL(π_old ‖ π_θ) on the old policy's samples.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .registry import POLICY_LOSSES
+
+Tensor = torch.Tensor
+
+
+def _masked_log_ratio(log_probs: Tensor, old_log_probs: Tensor, mask: Tensor) -> Tensor:
+    lr = log_probs.float() - old_log_probs.float().detach()
+    return torch.where(mask.bool(), lr, torch.zeros_like(lr))
+
+
+def _adv(advantages: Tensor, mask: Tensor) -> Tensor:
+    a = advantages.detach().float()
+    return torch.where(mask.bool(), a, torch.zeros_like(a))
+
+
+def _local_mean(x: Tensor, mask: Tensor) -> Tensor:
+    m = mask.float()
+    return ((x.detach().float() * m).sum() / m.sum().clamp(min=1.0))
+
+
+def _eps(eps_clip: float, eps_clip_high: Optional[float]) -> tuple[float, float]:
+    lo = float(eps_clip)
+    hi = lo if eps_clip_high is None else float(eps_clip_high)
+    if lo < 0 or hi < 0:
+        raise ValueError(f"eps_clip/eps_clip_high must be >= 0, got {lo}, {hi}")
+    return lo, hi
+
+
+def _clipped_objective(ratio: Tensor, adv: Tensor, lo: float, hi: float,
+                       dual_clip: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
+    """min(ρA, clip(ρ, 1−lo, 1+hi)A), with the dual clip max(·, cA) for A < 0.
+
+    Returns (objective, clip_active, dual_clip_active)."""
+    surr1 = ratio * adv
+    surr2 = ratio.clamp(1.0 - lo, 1.0 + hi) * adv
+    obj = torch.minimum(surr1, surr2)
+    clipped = surr2 < surr1
+    dual = torch.zeros_like(clipped)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        floor = dual_clip * adv
+        dual = (adv < 0) & (obj < floor)
+        obj = torch.where(adv < 0, torch.maximum(obj, floor), obj)
+    return obj, clipped, dual
+
+
+def _metrics(log_ratio: Tensor, clipped: Tensor, dual: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    lr = log_ratio.detach()
+    return {
+        "clip_frac": _local_mean(clipped.float(), mask),
+        "dual_clip_frac": _local_mean(dual.float(), mask),
+        "approx_kl": _local_mean(torch.expm1(lr) - lr, mask),
+    }
+
+
+@POLICY_LOSSES.register("ppo")
+def ppo_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, *,
+                    eps_clip: float = 0.2, eps_clip_high: Optional[float] = None,
+                    dual_clip: Optional[float] = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate, per token:
+
+        ρ_t = exp(log π_θ − log π_old)
+        loss_t = −min(ρ_t A_t, clip(ρ_t, 1 − eps_clip, 1 + eps_clip_high) A_t)
+
+    ``eps_clip_high > eps_clip`` is DAPO's "clip-higher".  With ``dual_clip = c > 1`` (Ye et al.
+    2020) the objective for A_t < 0 is max(min(ρA, clip(ρ)A), cA), bounding the loss of tokens
+    whose ratio has grown far beyond the clip."""
+    lo, hi = _eps(eps_clip, eps_clip_high)
+    m = mask.float()
+    lr = _masked_log_ratio(log_probs, old_log_probs, mask)
+    ratio = torch.exp(lr)
+    obj, clipped, dual = _clipped_objective(ratio, _adv(advantages, mask), lo, hi, dual_clip)
+    return -obj * m, _metrics(lr, clipped, dual, mask)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, *,
+                     eps_clip: float = 0.2, eps_clip_high: Optional[float] = None,
+                     dual_clip: Optional[float] = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025), in its token form ("GSPO-token"):
+
+        s_i     = exp( (1/|y_i|) Σ_t (log π_θ − log π_old)_{i,t} )      (valid tokens of sample i)
+        s_{i,t} = sg[s_i] · exp(log π_θ(y_{i,t}) − sg[log π_θ(y_{i,t})])
+        loss_{i,t} = −min(s_{i,t} A_{i,t}, clip(s_{i,t}, 1 − eps_clip, 1 + eps_clip_high) A_{i,t})
+
+    s_{i,t} equals s_i in value, so the clip decision is per sequence, while the gradient flows
+    through every token's log-prob: ∇ = s_i A_i ∇ log π_θ(y_{i,t}) for unclipped sequences.  With a
+    sequence-level advantage (A_{i,t} = A_i, as from group estimators) this is exactly GSPO.  The
+    paper uses eps_clip=3e-4, eps_clip_high=4e-4 and the seq_mean aggregation."""
+    lo, hi = _eps(eps_clip, eps_clip_high)
+    m = mask.float()
+    valid = mask.bool()
+    lr = _masked_log_ratio(log_probs, old_log_probs, mask)
+    seq_lr = (lr * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    lp = torch.where(valid, log_probs.float(), torch.zeros_like(lr))
+    tok_log_s = seq_lr.detach()[:, None] + lp - lp.detach()
+    tok_log_s = torch.where(valid, tok_log_s, torch.zeros_like(tok_log_s))
+    ratio = torch.exp(tok_log_s)
+    obj, clipped, dual = _clipped_objective(ratio, _adv(advantages, mask), lo, hi, dual_clip)
+    metrics = _metrics(lr, clipped, dual, mask)
+    has = m.sum(-1) > 0
+    metrics["seq_ratio_mean"] = (torch.exp(seq_lr.detach())[has].mean() if bool(has.any())
+                                 else torch.ones(()))
+    return -obj * m, metrics
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, *,
+                      eps_clip: float = 0.2, eps_clip_high: Optional[float] = None,
+                      dual_clip: Optional[float] = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, 2025): clip and detach the importance-sampling weight, keep every token:
+
+        loss_t = −sg[clip(ρ_t, 1 − eps_clip, 1 + eps_clip_high)] · A_t · log π_θ(y_t)
+
+    The gradient is −clip(ρ_t)·A_t·∇log π_θ(y_t) for every token (none is dropped by the clip).
+    The paper effectively has no lower bound (set eps_clip = 1.0) and tunes only eps_clip_high.
+    Its value is not a surrogate objective; only its gradient matters.  ``dual_clip`` is not
+    defined for CISPO and must be None."""
+    if dual_clip is not None:
+        raise ValueError("dual_clip is not defined for policy_loss 'cispo'")
+    lo, hi = _eps(eps_clip, eps_clip_high)
+    m = mask.float()
+    valid = mask.bool()
+    lr = _masked_log_ratio(log_probs, old_log_probs, mask).detach()
+    ratio = torch.exp(lr)
+    w = ratio.clamp(1.0 - lo, 1.0 + hi)
+    lp = torch.where(valid, log_probs.float(), torch.zeros_like(lr))
+    loss = -(w * _adv(advantages, mask)) * lp * m
+    clipped = (ratio < 1.0 - lo) | (ratio > 1.0 + hi)
+    return loss, _metrics(lr, clipped, torch.zeros_like(clipped), mask)
+
+
+def policy_loss(name: str, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
+                mask: Tensor, **kwargs) -> tuple[Tensor, dict[str, Tensor]]:
+    """Call the registered policy loss ``name`` (kwargs: eps_clip, eps_clip_high, dual_clip)."""
+    return POLICY_LOSSES.get(name)(log_probs, old_log_probs, advantages, mask, **kwargs)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy H_t = −Σ_v p_v log p_v of the softmax over the last dim: [B, R, V] → [B, R].
+
+    Computed in float32 as logsumexp(z) − Σ_v softmax(z)_v z_v; differentiable (for the entropy
+    bonus −entropy_loss_coef · H).  Logits of −inf (masked vocabulary) are allowed."""
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1)
+    p = torch.softmax(z, dim=-1)
+    z_finite = torch.where(torch.isfinite(z), z, torch.zeros_like(z))  # −inf logits: p = 0, no nan
+    return lse - (p * z_finite).sum(-1)

@@ -1,0 +1,174 @@
+"""Config of `hpc-rlhf train rl`: one loop for PPO, REINFORCE++, RLOO, GRPO and the rest."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .base import ConfigError, field
+from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig
+
+
+@dataclass
+class PromptDataConfig:
+    prompt_data: list[str] = field(help="prompt data sources (same formats as SFT datasets)")
+    prompt_data_probs: list[float] | None = field(None, help="mixing probabilities, one per source")
+    prompt_split: str = field("train", help="split read from sources that have several")
+    eval_prompt_data: list[str] | None = field(None, help="held-out prompts; accuracy/reward logged every "
+                                                          "eval_steps")
+    max_eval_prompts: int | None = field(None, help="cap on eval prompts")
+    input_key: str = field("input", help="column holding the prompt (a messages list with apply_chat_template)")
+    label_key: str | None = field("label", help="column passed to reward functions as the label (null: none)")
+    input_template: str | None = field(None, help="format string with one {} for the prompt")
+    apply_chat_template: bool = field(False, help="render prompts with the tokenizer's chat template and a "
+                                                  "generation prompt")
+    prompt_max_len: int = field(1024, help="prompts longer than this (tokens) are bad rows")
+    max_samples: int | None = field(None, help="cap on prompts")
+    bad_rows: Literal["skip", "error"] = field("skip", help="skip (and report) or stop on a bad row")
+
+    def validate(self) -> None:
+        if not self.prompt_data:
+            raise ConfigError("data.prompt_data is empty: name at least one prompt source")
+        if self.prompt_data_probs is not None and len(self.prompt_data_probs) != len(self.prompt_data):
+            raise ConfigError(f"data.prompt_data_probs has {len(self.prompt_data_probs)} values for "
+                              f"{len(self.prompt_data)} sources")
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["hf"] = field("hf", help="generation engine: hf (in-process transformers)")
+    n_samples_per_prompt: int = field(1, help="responses sampled per prompt (the group size)")
+    rollout_batch_size: int = field(8, help="prompts per RL step, over all ranks")
+    generate_max_len: int = field(256, help="new tokens per response at most")
+    temperature: float = field(1.0, help="sampling temperature (0: greedy)")
+    top_p: float = field(1.0, help="nucleus sampling mass")
+    top_k: int = field(0, help="sample from the k most likely tokens (0: all)")
+    max_batch_size: int = field(64, help="sequences per generation batch on one rank")
+    dynamic_filtering: bool = field(False, help="drop groups whose rewards are all equal (all right or all "
+                                                "wrong) and replace them with fresh prompts")
+    dynamic_filtering_max_rounds: int = field(4, help="generation rounds per step at most when filtering")
+
+    def validate(self) -> None:
+        if self.n_samples_per_prompt < 1 or self.rollout_batch_size < 1:
+            raise ConfigError("rollout.n_samples_per_prompt and rollout.rollout_batch_size must be >= 1")
+        if self.dynamic_filtering and self.n_samples_per_prompt < 2:
+            raise ConfigError("rollout.dynamic_filtering needs n_samples_per_prompt >= 2 (a group to compare)")
+
+
+@dataclass
+class RewardConfig:
+    reward_pretrain: str | None = field(None, help="reward model folder (AutoModelForSequenceClassification)")
+    reward_func: str | None = field(None, help="Python file defining reward_func(queries, prompts, labels)")
+    remote_rm_url: list[str] | None = field(None, help="reward server URLs (hpc-rlhf serve-reward); batches are "
+                                                       "spread over them")
+    remote_rm_token_env: str | None = field(None, help="environment variable holding the reward servers' "
+                                                       "bearer token")
+    reward_weights: list[float] | None = field(None, help="weights of the sources, in the order model, "
+                                                          "function, remote (default 1 each)")
+    reward_timeout_s: float = field(60.0, help="time limit per reward batch")
+    reward_batch_size: int = field(64, help="samples per reward call")
+    normalize_reward: bool = field(False, help="divide rewards by a running std (and subtract the running mean)")
+    reward_clip_range: list[float] | None = field(None, help="clip rewards to [low, high]")
+    overlong_buffer_len: int | None = field(None, help="DAPO soft overlong penalty: length of the buffer "
+                                                       "before generate_max_len")
+    overlong_penalty_factor: float = field(1.0, help="DAPO overlong penalty at full overlength")
+    truncated_reward: float | None = field(None, help="reward given to responses cut by generate_max_len "
+                                                      "(null: keep their score)")
+
+    def validate(self) -> None:
+        if not (self.reward_pretrain or self.reward_func or self.remote_rm_url):
+            raise ConfigError("no reward source: set reward.reward_pretrain, reward.reward_func or "
+                              "reward.remote_rm_url")
+        if self.reward_clip_range is not None and len(self.reward_clip_range) != 2:
+            raise ConfigError("reward.reward_clip_range needs two values: low,high")
+
+
+@dataclass
+class AlgoConfig:
+    advantage_estimator: str = field("group_norm", help="gae | reinforce | reinforce_baseline | rloo | "
+                                                        "group_norm | dr_grpo (docs/algorithms.md)")
+    policy_loss: str = field("ppo", help="ppo | gspo | cispo")
+    gamma: float = field(1.0, help="discount")
+    lambd: float = field(0.95, help="GAE lambda")
+    eps_clip: float = field(0.2, help="ratio clip (low side, and high side unless eps_clip_high is set)")
+    eps_clip_high: float | None = field(None, help="ratio clip on the high side (clip-higher)")
+    dual_clip: float | None = field(None, help="dual-clip constant c > 1 for negative advantages")
+    value_clip: float | None = field(0.5, help="value clip range (null: unclipped)")
+    entropy_loss_coef: float = field(0.0, help="entropy bonus coefficient")
+    init_kl_coef: float = field(0.0, help="KL coefficient (0: no reference model)")
+    kl_estimator: Literal["k1", "k2", "k3"] = field("k1", help="KL estimator (k3 is usual in the loss)")
+    use_kl_loss: bool | None = field(None, help="KL in the loss (true) or in the reward (false); default: "
+                                                "the estimator's choice")
+    kl_target: float | None = field(None, help="adaptive KL controller target (null: fixed coefficient)")
+    kl_horizon: int = field(10000, help="adaptive KL controller horizon")
+    loss_agg_mode: str | None = field(None, help="token_mean | seq_mean | constant (default: the "
+                                                 "estimator's choice)")
+
+    def validate(self) -> None:
+        from ..algorithms.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+        for name, reg, key in ((self.advantage_estimator, ADVANTAGE_ESTIMATORS, "advantage_estimator"),
+                               (self.policy_loss, POLICY_LOSSES, "policy_loss")):
+            if name not in reg:
+                raise ConfigError(f"algo.{key}: {name!r} is not known; choose one of {', '.join(sorted(reg))}")
+
+
+@dataclass
+class RLTrainConfig:
+    num_episodes: int = field(1, help="passes over the prompt data")
+    max_steps: int | None = field(None, help="stop after this many RL steps")
+    train_batch_size: int = field(8, help="samples per optimizer step, over all actor ranks")
+    micro_train_batch_size: int = field(4, help="samples per forward/backward on one rank")
+    max_epochs: int = field(1, help="optimisation passes over each step's samples")
+    actor_learning_rate: float = field(1e-6, help="actor peak learning rate")
+    critic_learning_rate: float = field(9e-6, help="critic peak learning rate")
+    lr_warmup_ratio: float = field(0.0, help="warm-up fraction of the steps")
+    lr_scheduler: Literal["cosine_with_min_lr", "constant_with_warmup"] = field(
+        "constant_with_warmup", help="schedule after warm-up")
+    min_lr_ratio: float = field(0.1, help="cosine floor as a fraction of the peak")
+    freezing_actor_steps: int = field(0, help="critic warm-up: RL steps during which only the critic trains")
+    weight_decay: float = field(0.0, help="AdamW weight decay")
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95], help="AdamW betas")
+    max_norm: float = field(1.0, help="gradient clipping norm")
+    zero_stage: Literal[0, 1, 2, 3] = field(2, help="DeepSpeed ZeRO stage for actor and critic")
+    adam_offload: bool = field(False, help="optimizer states in CPU memory")
+    seed: int = field(42, help="seed of data order, initialisation and sampling")
+
+
+@dataclass
+class PlacementConfig:
+    actor_num_ranks: int = field(1, help="ranks running the actor (DeepSpeed data parallel)")
+    critic_num_ranks: int = field(1, help="ranks running the critic (when the estimator needs one)")
+    ref_num_ranks: int = field(1, help="ranks running the reference model (when init_kl_coef > 0)")
+    reward_num_ranks: int = field(1, help="ranks scoring rewards")
+    rollout_num_ranks: int = field(1, help="ranks generating")
+    colocate_actor_ref: bool = field(False, help="reference on the actor's ranks")
+    colocate_critic_reward: bool = field(False, help="reward model on the critic's ranks")
+    colocate_all: bool = field(False, help="every role on the actor's ranks (small runs)")
+    collective_timeout_s: float = field(1800.0, help="time limit of any collective")
+    dead_rank_timeout_s: float = field(20.0, help="a rank silent this long is dead: every rank exits")
+
+
+@dataclass
+class RLConfig:
+    model: ModelConfig = field(help="the actor (policy) model")
+    data: PromptDataConfig = field(help="prompts")
+    reward: RewardConfig = field(help="reward sources and shaping")
+    critic_pretrain: str | None = field(None, help="critic initialisation (default: reward_pretrain, else the "
+                                                   "actor's pretrain)")
+    ref_pretrain: str | None = field(None, help="reference model (default: the actor's pretrain)")
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, help="generation")
+    algo: AlgoConfig = field(default_factory=AlgoConfig, help="advantages and losses")
+    train: RLTrainConfig = field(default_factory=RLTrainConfig, help="optimisation")
+    placement: PlacementConfig = field(default_factory=PlacementConfig, help="roles and ranks")
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
+    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
+    launch: LaunchConfig = field(default_factory=LaunchConfig, help="backend (the rank count comes from the plan)")
+
+    def validate(self) -> None:
+        n = self.rollout.n_samples_per_prompt
+        if (self.rollout.rollout_batch_size * n) % self.train.train_batch_size:
+            raise ConfigError(f"rollout_batch_size x n_samples_per_prompt = {self.rollout.rollout_batch_size * n} "
+                              f"samples per step must be a multiple of train.train_batch_size "
+                              f"({self.train.train_batch_size})")
+        if self.model.lora_rank > 0:
+            raise ConfigError("model.lora_rank > 0 is not supported by `train rl` yet (LoRA weight sync to the "
+                              "rollout engine comes with the vLLM work); train the full model")

@@ -1,0 +1,80 @@
+"""Peer liveness through the shared store, so a dead rank takes the whole job down quickly.
+
+Every rank writes a heartbeat key every ``interval_s``; a daemon thread reads everyone's.  A peer
+silent for ``dead_after_s`` (or a store that stops answering: it lives on global rank 0) ends this
+process with exit code 1 and a message naming the dead rank, its roles and its host.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import threading
+import time
+
+import torch.distributed as dist
+
+
+class Watchdog:
+    def __init__(self, host: str, port: int, rank: int, world: int, describe, interval_s: float = 1.0,
+                 dead_after_s: float = 20.0):
+        self.rank, self.world, self.describe = rank, world, describe
+        self.interval_s, self.dead_after_s = interval_s, dead_after_s
+        self._store = dist.TCPStore(host, port, world, False, timeout=datetime.timedelta(seconds=dead_after_s))
+        self._stop = threading.Event()
+        self._store.set(f"hb/host/{rank}", socket.gethostname())
+        self._thread = threading.Thread(target=self._run, name="hpc_rlhf-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        self._beat()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s * 5)
+
+    def _beat(self) -> None:
+        self._store.set(f"hb/{self.rank}", repr(time.time()))
+
+    def dead_peers(self) -> list[int]:
+        now = time.time()
+        dead = []
+        for r in range(self.world):
+            if r == self.rank:
+                continue
+            try:
+                last = float(self._store.get(f"hb/{r}").decode()) if self._store.check([f"hb/{r}"]) else None
+            except Exception:
+                last = None
+            if last is not None and now - last > self.dead_after_s:
+                dead.append(r)
+        return dead
+
+    def _host(self, r: int) -> str:
+        try:
+            return self._store.get(f"hb/host/{r}").decode()
+        except Exception:
+            return "?"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._beat()
+                dead = self.dead_peers()
+            except Exception as e:  # the store lives on rank 0: it is gone, or unreachable
+                if self._stop.is_set():
+                    return
+                self._die(f"the rendezvous store on global rank 0 ({self.describe(0)}) stopped answering "
+                          f"({type(e).__name__}); rank 0 has most likely died")
+                return
+            if dead and not self._stop.is_set():
+                names = "; ".join(f"rank {r} ({self.describe(r)}, host {self._host(r)})" for r in dead)
+                self._die(f"no heartbeat for {self.dead_after_s:.0f} s from {names}")
+                return
+
+    def _die(self, why: str) -> None:
+        print(f"hpc-rlhf: rank {self.rank} ({self.describe(self.rank)}) stops the job: {why}",
+              file=sys.stderr, flush=True)
+        os._exit(1)

@@ -1,0 +1,239 @@
+"""Rollout engine on a plain transformers causal LM: batched, KV-cached, per-sample seeded sampling."""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+
+import torch
+
+from .rollout import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, tensor_checksum
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def _as_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: choose one of fp32, bf16, fp16")
+    return _DTYPES[dtype]
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Float32 ``[B, V]`` logits -> temperature-scaled logits with filtered-out tokens at -inf.
+
+    Temperature first, then top-k (ties with the k-th value are kept), then top-p over what is left
+    (the smallest set of most likely tokens whose probability reaches top_p; the top token is always
+    kept).  Each row is processed on its own, so a row's result does not depend on the others.
+    """
+    x = logits / params.temperature
+    vocab = x.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k, dim=-1).values[:, -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # probability of the strictly more likely tokens
+        drop_sorted = before >= params.top_p
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return x
+
+
+def gumbel_argmax(filtered: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Sample one token per row from softmax(filtered) by the Gumbel-max trick.
+
+    ``argmax(log p_i - log(-log u_i))`` equals the exponential race ``argmin(E_i / p_i)`` with
+    ``E_i = -log u_i``: the winner is distributed as ``p``.  ``uniforms`` are float64 in [0, 1).
+    """
+    logp = torch.log_softmax(filtered.to(torch.float64), dim=-1)
+    gumbel = -torch.log(-torch.log(uniforms))
+    return torch.argmax(logp + gumbel, dim=-1)
+
+
+class HFEngine(RolloutEngine):
+    """In-process generation with a transformers ``AutoModelForCausalLM``.
+
+    ``model_path_or_module`` is a local model folder or an already built model; a given module is
+    moved to ``device`` / ``dtype`` in place and used as is (the engine does not copy it).  Prompts are
+    left-padded into batches of at most ``max_batch_size`` rows (sorted by length to limit padding),
+    with an attention mask and position ids counted from each row's first real token, and decoded
+    with the KV cache.  Row ``i`` samples with its own ``torch.Generator`` seeded with ``seeds[i]``
+    (one draw of ``vocab`` uniforms per generated token), so its tokens depend only on its prompt,
+    its seed and the weights.  Random streams differ between CPU and CUDA generators, so a sample is
+    reproducible on the same kind of device.
+    """
+
+    def __init__(self, model_path_or_module, dtype="fp32", device="cpu", max_batch_size: int = 64):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.device = torch.device(device)
+        self.dtype = _as_dtype(dtype)
+        self.max_batch_size = int(max_batch_size)
+        if isinstance(model_path_or_module, torch.nn.Module):
+            model = model_path_or_module
+        else:
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained(str(model_path_or_module), dtype=self.dtype)
+        self.model = model.to(device=self.device, dtype=self.dtype)
+        self.weight_version = 0
+        forward_args = set(inspect.signature(self.model.forward).parameters)
+        if "position_ids" not in forward_args:
+            raise ValueError(f"{type(self.model).__name__}.forward takes no position_ids: left-padded "
+                             "batches would shift the positions of short prompts")
+        self._logits_to_keep = "logits_to_keep" in forward_args
+        cfg = getattr(self.model, "config", None)
+        self.max_positions = None
+        for name in ("max_position_embeddings", "n_positions"):
+            if cfg is not None and isinstance(getattr(cfg, name, None), int):
+                self.max_positions = getattr(cfg, name)
+                break
+        self.pad_token_id = 0
+        if cfg is not None:
+            for name in ("pad_token_id", "eos_token_id"):
+                value = getattr(cfg, name, None)
+                if isinstance(value, list):
+                    value = value[0] if value else None
+                if isinstance(value, int):
+                    self.pad_token_id = value
+                    break
+
+    # ----------------------------------------------------------------------------------- generation
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[Completion]:
+        if len(prompts) != len(seeds):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        prompts = [[int(t) for t in p] for p in prompts]
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {i} is empty: the engine needs at least one token")
+            if self.max_positions is not None and len(p) + params.max_new_tokens > self.max_positions:
+                raise ValueError(f"prompt {i} has {len(p)} tokens: with max_new_tokens "
+                                 f"{params.max_new_tokens} it exceeds the model's {self.max_positions} "
+                                 "positions")
+        # Longest first, so each chunk holds prompts of similar length; results go back in input order.
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        out: list[Completion | None] = [None] * len(prompts)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, len(order), self.max_batch_size):
+                    idx = order[start:start + self.max_batch_size]
+                    done = self._generate_batch([prompts[i] for i in idx], params, [seeds[i] for i in idx])
+                    for i, c in zip(idx, done):
+                        out[i] = c
+        finally:
+            self.model.train(was_training)
+        return out  # type: ignore[return-value]
+
+    def _forward(self, ids, mask, pos, past):
+        kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=past,
+                      use_cache=True)
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        return out.logits[:, -1, :].float(), out.past_key_values
+
+    def _generate_batch(self, prompts, params: SamplingParams, seeds) -> list[Completion]:
+        dev = self.device
+        n = len(prompts)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[r, width - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        next_pos = pos[:, -1:] + 1
+
+        gens = None
+        if not params.greedy:
+            gens = [torch.Generator(device=dev) for _ in range(n)]
+            for g, s in zip(gens, seeds):
+                g.manual_seed(int(s) & ((1 << 64) - 1))
+        stop = torch.tensor(params.stop_token_ids or [-1], dtype=torch.long, device=dev)
+
+        tokens, logprobs = [], []
+        finished = torch.zeros(n, dtype=torch.bool, device=dev)
+        stopped = torch.zeros(n, dtype=torch.bool, device=dev)
+        logits, past = self._forward(ids, mask, pos, None)
+        for step in range(params.max_new_tokens):
+            if params.greedy:
+                chosen = torch.argmax(logits, dim=-1)
+            else:
+                filtered = filter_logits(logits, params)
+                active = (~finished).nonzero().flatten().tolist()
+                uniforms = torch.full(logits.shape, 0.5, dtype=torch.float64, device=dev)
+                for r in active:  # finished rows draw nothing: each row's stream is its own
+                    uniforms[r] = torch.rand(logits.shape[-1], generator=gens[r], dtype=torch.float64,
+                                             device=dev)
+                chosen = gumbel_argmax(filtered, uniforms)
+            chosen = torch.where(finished, torch.full_like(chosen, self.pad_token_id), chosen)
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+            tokens.append(chosen)
+            logprobs.append(lp)
+            hit = torch.isin(chosen, stop) & ~finished
+            stopped |= hit
+            finished |= hit
+            if step + 1 == params.max_new_tokens or bool(finished.all()):
+                break
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=dev)], dim=-1)
+            logits, past = self._forward(chosen[:, None], mask, next_pos, past)
+            next_pos = next_pos + 1
+
+        tok = torch.stack(tokens, dim=1).cpu()
+        lps = torch.stack(logprobs, dim=1).cpu()
+        stopped_l = stopped.cpu().tolist()
+        stop_set = set(params.stop_token_ids)
+        result = []
+        for r, p in enumerate(prompts):
+            row = tok[r].tolist()
+            if stopped_l[r]:
+                length = next(i for i, t in enumerate(row) if t in stop_set) + 1
+            else:
+                length = len(row)
+            result.append(Completion(prompt_ids=list(p), token_ids=row[:length],
+                                     logprobs=lps[r, :length].tolist(),
+                                     finish_reason=FINISH_STOP if stopped_l[r] else FINISH_LENGTH))
+        return result
+
+    # -------------------------------------------------------------------------------------- weights
+    def _named_targets(self) -> dict[str, torch.Tensor]:
+        named = dict(self.model.named_parameters(remove_duplicate=False))
+        for name, buf in self.model.named_buffers(remove_duplicate=False):
+            named.setdefault(name, buf)
+        return named
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors into the parameters (or buffers) of the same name, cast to the engine's dtype.
+
+        Names are those of ``model.named_parameters()`` (tied aliases such as ``lm_head.weight``
+        accepted).  Tensors are copied one by one as the iterable yields them, so it may stream; if a
+        name or shape is wrong, the tensors before it are already copied and ``weight_version`` is not
+        bumped.
+        """
+        targets = self._named_targets()
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in targets:
+                    raise KeyError(f"load_weights: the model has no parameter named {name!r}")
+                target = targets[name]
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(f"load_weights: {name} has shape {tuple(tensor.shape)}, the model's "
+                                     f"is {tuple(target.shape)}")
+                target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+        self.weight_version += 1
+
+    def state_checksum(self) -> float:
+        return tensor_checksum(self.model.named_parameters())
+
+    def sleep(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        pass

@@ -1,0 +1,112 @@
+"""The rollout engine interface: token ids in, completions (tokens, log-probabilities) out."""
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each new token.
+
+    Order of the transforms: temperature, then top-k, then top-p.  ``temperature == 0`` means greedy
+    (top-k and top-p are then irrelevant); ``top_k == 0`` and ``top_p == 1`` switch those filters off.
+    Top-p keeps the smallest set of most likely tokens whose probability reaches ``top_p``.
+    Generation of a row ends at the first token in ``stop_token_ids`` (which is kept in the output)
+    or after ``max_new_tokens`` tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Completion:
+    """One generated sample.
+
+    ``token_ids`` are the new tokens only (the stop token included when ``finish_reason == "stop"``);
+    ``logprobs[i]`` is log p(token_ids[i]) under the unmodified model distribution (temperature 1,
+    no top-k / top-p), as the engine computed it.  ``finish_reason`` is ``"stop"`` or ``"length"``.
+    """
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class RolloutEngine(abc.ABC):
+    """Generates completions for token-id prompts and takes weight updates from the trainer.
+
+    A sample depends only on its prompt, its seed and the weights: not on the other prompts in the
+    call, their order or the batch size (up to floating-point differences of batched kernels).
+    """
+
+    weight_version: int = 0
+
+    @abc.abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[Completion]:
+        """One completion per prompt, in the order of ``prompts``; ``seeds[i]`` drives sample ``i``."""
+
+    @abc.abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy in parameters by Hugging Face name; raise on an unknown name or a shape mismatch.
+
+        Increments ``weight_version`` once the whole iterable has been copied.
+        """
+
+    @abc.abstractmethod
+    def state_checksum(self) -> float:
+        """A cheap deterministic checksum of all weights that changes when any single weight changes."""
+
+    def sleep(self) -> None:
+        """Release memory the engine can rebuild (caches, possibly weights) while the trainer runs."""
+
+    def wake(self) -> None:
+        """Undo :meth:`sleep`."""
+
+
+def tensor_checksum(named: Iterable[tuple[str, torch.Tensor]], chunk: int = 1 << 22) -> float:
+    """Sum over tensors (sorted by name) of float64 sum(t * w), w depending on each element's index.
+
+    The weights ``w_j = 1 + frac(j * golden ratio)`` (j running over all elements of all tensors in
+    name order) are all in [1, 2), so changing any single element changes the sum, and swapping two
+    elements almost surely does too.  Works in chunks so the float64 copy stays small.
+    """
+    phi = 0.6180339887498949
+    total = 0.0
+    offset = 0
+    for _, t in sorted(named, key=lambda kv: kv[0]):
+        flat = t.detach().reshape(-1)
+        for start in range(0, flat.numel(), chunk):
+            part = flat[start:start + chunk].to(torch.float64)
+            idx = torch.arange(offset + start, offset + start + part.numel(), dtype=torch.float64,
+                               device=part.device)
+            w = 1.0 + torch.frac(idx * phi)
+            total += float((part * w).sum())
+        offset += flat.numel()
+    return total

@@ -1,0 +1,67 @@
+"""The critic: a value head on a transformer (loadable as AutoModelForSequenceClassification)."""
+from __future__ import annotations
+
+import torch
+
+from ..algorithms.aggregation import aggregate
+from ..algorithms.value_loss import value_loss
+from ..config.rl import RLConfig
+from ..engines.deepspeed_strategy import build_engine
+from ..models.loading import resolve_pretrained
+from .experience import Experience, RLBatch, collate, gather_positions, padded, unpadded
+from .training import chunks, engine_train_config, optimizer_steps, run_optimizer_step
+
+
+def load_value_model(path: str, dtype: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
+    from transformers import AutoModelForSequenceClassification
+    model = AutoModelForSequenceClassification.from_pretrained(
+        resolve_pretrained(path), num_labels=1, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = model.config.eos_token_id
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def token_values(model: torch.nn.Module, batch: RLBatch) -> torch.Tensor:
+    """V at each response position [B, R]: the score head applied to every hidden state."""
+    hidden = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                              position_ids=batch.position_ids, use_cache=False).last_hidden_state
+    head = getattr(model, "score", None) or getattr(model, "classifier")
+    values = head(hidden).squeeze(-1).float()
+    return gather_positions(values, batch) * batch.mask
+
+
+class Critic:
+    def __init__(self, cfg: RLConfig, total_optimizer_steps: int, world_size: int, pad_id: int, device):
+        self.cfg, self.pad_id, self.device, self.world_size = cfg, pad_id, device, world_size
+        path = cfg.critic_pretrain or cfg.reward.reward_pretrain or cfg.model.pretrain
+        model = load_value_model(path, cfg.model.param_dtype, cfg.model.gradient_checkpointing)
+        self.engine = build_engine(model, engine_train_config(cfg.train, cfg.train.critic_learning_rate),
+                                   cfg.model.param_dtype, total_optimizer_steps, world_size)
+
+    @torch.no_grad()
+    def values(self, samples: list[Experience]) -> list[list[float]]:
+        out = []
+        self.engine.eval()
+        for part in chunks(samples, self.cfg.train.micro_train_batch_size):
+            batch = collate(part, self.pad_id, self.device)
+            out += unpadded(token_values(self.engine.module, batch), part)
+        self.engine.train()
+        return out
+
+    def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm):
+        v = token_values(self.engine.module, batch)
+        R = batch.mask.size(1)
+        old = padded([s.values for s in samples], R).to(v.device)
+        ret = padded([s.returns for s in samples], R).to(v.device)
+        token_loss, metrics = value_loss(v, old, ret, batch.mask, self.cfg.algo.value_clip)
+        return aggregate(token_loss, batch.mask, "token_mean", norm), metrics
+
+    def train(self, samples: list[Experience], step: int) -> dict[str, float]:
+        t = self.cfg.train
+        history = [run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size, None)
+                   for micro in optimizer_steps(samples, t.train_batch_size // self.world_size,
+                                                t.micro_train_batch_size, t.max_epochs, t.seed + step + 7,
+                                                self.pad_id, self.device)]
+        return {f"critic/{k}": sum(h[k] for h in history) / len(history) for k in history[0]}

@@ -1,0 +1,98 @@
+"""What one generated sample carries through the phases of an RL step, and its model-ready batches."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Experience:
+    prompt_index: int                 # index of the prompt in the step (its group)
+    sample_index: int                 # index among the prompt's n samples
+    prompt_ids: list[int]
+    response_ids: list[int]           # exactly the generated tokens (stop token included)
+    engine_logprobs: list[float]
+    finish_reason: str                # "stop" or "length"
+    prompt_text: str
+    response_text: str
+    label: str | None
+    reward: float = float("nan")
+    reward_valid: bool = True
+    values: list[float] | None = None
+    ref_logprobs: list[float] | None = None
+    old_logprobs: list[float] | None = None
+    advantages: list[float] | None = None
+    returns: list[float] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def shard_groups(samples: list[Experience], n_ranks: int, index: int) -> list[Experience]:
+    """Whole prompt groups, dealt round robin to ``n_ranks`` ranks (group-wise statistics stay local)."""
+    groups = sorted({s.prompt_index for s in samples})
+    mine = set(groups[index::n_ranks])
+    return [s for s in samples if s.prompt_index in mine]
+
+
+@dataclass
+class RLBatch:
+    input_ids: torch.Tensor       # [B, T] prompt + response, right padded
+    attention_mask: torch.Tensor  # [B, T]
+    position_ids: torch.Tensor    # [B, T]
+    logit_index: torch.Tensor     # [B, R] positions whose logits predict the response tokens
+    tokens: torch.Tensor          # [B, R] response tokens
+    mask: torch.Tensor            # [B, R] 1.0 on real response tokens
+
+
+def collate(samples: list[Experience], pad_id: int, device: torch.device | str = "cpu") -> RLBatch:
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    T, R = max(lengths), max(len(s.response_ids) for s in samples)
+    B = len(samples)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    att = torch.zeros((B, T), dtype=torch.long)
+    index = torch.zeros((B, R), dtype=torch.long)
+    tokens = torch.full((B, R), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, R))
+    for b, s in enumerate(samples):
+        seq = s.prompt_ids + s.response_ids
+        ids[b, :len(seq)] = torch.tensor(seq)
+        att[b, :len(seq)] = 1
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        index[b, :r] = torch.arange(p - 1, p - 1 + r)
+        tokens[b, :r] = torch.tensor(s.response_ids)
+        mask[b, :r] = 1.0
+    pos = (att.cumsum(1) - 1).clamp(min=0)
+    return RLBatch(ids.to(device), att.to(device), pos.to(device), index.to(device), tokens.to(device), mask.to(device))
+
+
+def gather_positions(x: torch.Tensor, batch: RLBatch) -> torch.Tensor:
+    """x [B, T, ...] -> [B, R, ...] at the positions that predict the response tokens."""
+    idx = batch.logit_index
+    if x.dim() == 3:
+        idx = idx.unsqueeze(-1).expand(-1, -1, x.size(-1))
+    return torch.gather(x, 1, idx)
+
+
+def response_logprobs(logits: torch.Tensor, batch: RLBatch, temperature: float = 1.0) -> torch.Tensor:
+    """log p(response token) [B, R] (zeros past each response's end)."""
+    picked = gather_positions(logits, batch).float()
+    if temperature not in (0.0, 1.0):
+        picked = picked / temperature
+    logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.tokens.unsqueeze(-1)).squeeze(-1)
+    return logp * batch.mask
+
+
+def response_entropy(logits: torch.Tensor, batch: RLBatch) -> torch.Tensor:
+    logp = torch.log_softmax(gather_positions(logits, batch).float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1) * batch.mask
+
+
+def padded(rows: list[list[float]], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width))
+    for b, r in enumerate(rows):
+        out[b, :len(r)] = torch.tensor(r, dtype=torch.float32)
+    return out
+
+
+def unpadded(x: torch.Tensor, samples: list[Experience]) -> list[list[float]]:
+    return [x[b, :len(s.response_ids)].tolist() for b, s in enumerate(samples)]

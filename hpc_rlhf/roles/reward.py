@@ -1,0 +1,60 @@
+"""The reward role: a reward model, a reward-function file and/or remote servers, combined and shaped."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..config.rl import RLConfig
+from ..rewards.shaping import clip_rewards, combine, overlong_penalty
+from ..rewards.types import RewardBatch
+from .experience import Experience
+
+
+class RewardRole:
+    def __init__(self, cfg: RLConfig, device):
+        r = cfg.reward
+        self.cfg = cfg
+        self.sources: list[tuple[str, object]] = []
+        if r.reward_pretrain:
+            from ..rewards.model import RewardModelScorer
+            self.sources.append(("model", RewardModelScorer(r.reward_pretrain, dtype=cfg.model.param_dtype,
+                                                            device=str(device), batch_size=r.reward_batch_size)))
+        if r.reward_func:
+            from ..rewards.function import RewardFunction
+            self.sources.append(("func", RewardFunction(r.reward_func, batch_size=r.reward_batch_size,
+                                                        timeout_s=r.reward_timeout_s)))
+        if r.remote_rm_url:
+            from ..rewards.client import RemoteReward
+            token = os.environ.get(r.remote_rm_token_env) if r.remote_rm_token_env else None
+            self.sources.append(("remote", RemoteReward(r.remote_rm_url, token=token, timeout_s=r.reward_timeout_s,
+                                                        batch_size=r.reward_batch_size)))
+        self.weights = r.reward_weights or [1.0] * len(self.sources)
+        if len(self.weights) != len(self.sources):
+            raise ValueError(f"reward.reward_weights has {len(self.weights)} values for {len(self.sources)} "
+                             f"reward sources ({', '.join(n for n, _ in self.sources)})")
+
+    def _score(self, name: str, source, samples: list[Experience]) -> RewardBatch:
+        if name == "model":
+            scores = source.score_tokens([s.prompt_ids + s.response_ids for s in samples])
+            return RewardBatch(scores, torch.ones(len(samples), dtype=torch.bool))
+        queries = [s.prompt_text + s.response_text for s in samples]
+        return source.score(queries, [s.prompt_text for s in samples], [s.label or "" for s in samples])
+
+    def score(self, samples: list[Experience]) -> tuple[list[float], list[bool], dict[str, float]]:
+        """Raw combined rewards of ``samples`` with the length-based shaping applied."""
+        if not samples:
+            return [], [], {}
+        batch = combine([self._score(n, s, samples) for n, s in self.sources], self.weights)
+        rewards = batch.rewards.clone()
+        r = self.cfg.reward
+        if r.overlong_buffer_len:
+            lengths = torch.tensor([len(s.response_ids) for s in samples])
+            rewards = rewards + overlong_penalty(lengths, self.cfg.rollout.generate_max_len, r.overlong_buffer_len,
+                                                 r.overlong_penalty_factor)
+        if r.truncated_reward is not None:
+            cut = torch.tensor([s.finish_reason == "length" for s in samples])
+            rewards = torch.where(cut, torch.full_like(rewards, r.truncated_reward), rewards)
+        if r.reward_clip_range is not None:
+            rewards = clip_rewards(rewards, *r.reward_clip_range)
+        return rewards.tolist(), batch.valid.tolist(), dict(batch.extra)

@@ -1,0 +1,70 @@
+"""What the trainable roles (actor, critic) share: an engine config, mini-batches, one optimizer step."""
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..algorithms.aggregation import StepNorm
+from ..config.rl import RLTrainConfig
+from ..config.sections import TrainConfig
+from .experience import Experience, RLBatch, collate
+
+
+def engine_train_config(train: RLTrainConfig, learning_rate: float) -> TrainConfig:
+    return TrainConfig(train_batch_size=train.train_batch_size, micro_train_batch_size=train.micro_train_batch_size,
+                       learning_rate=learning_rate, lr_warmup_ratio=train.lr_warmup_ratio,
+                       lr_scheduler=train.lr_scheduler, min_lr_ratio=train.min_lr_ratio,
+                       weight_decay=train.weight_decay, adam_betas=list(train.adam_betas), max_norm=train.max_norm,
+                       zero_stage=train.zero_stage, adam_offload=train.adam_offload, seed=train.seed)
+
+
+def world_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over the role's own world (the default group of this process)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def optimizer_steps(samples: list[Experience], per_rank_batch: int, micro: int, epochs: int, seed: int,
+                    pad_id: int, device) -> list[list[tuple[list[Experience], RLBatch]]]:
+    """The step's samples shuffled per epoch (seeded), cut into optimizer steps of micro-batches."""
+    out = []
+    for epoch in range(epochs):
+        order = list(samples)
+        random.Random(seed * 1000 + epoch).shuffle(order)
+        for mb in chunks(order, per_rank_batch):
+            out.append([(m, collate(m, pad_id, device)) for m in chunks(mb, micro)])
+    return out
+
+
+def run_optimizer_step(engine, micro_batches: list[tuple[list[Experience], RLBatch]],
+                       micro_loss: Callable[[list[Experience], RLBatch, StepNorm], tuple[torch.Tensor, dict]],
+                       world_size: int, constant: float | None) -> dict[str, float]:
+    """Backward over every micro-batch with the step's global counts, then one optimizer step.
+
+    Returns the step loss (the same on every rank of the role) and token-weighted means of the
+    loss function's metrics over this rank's tokens.
+    """
+    norm = StepNorm.from_masks([b.mask for _, b in micro_batches], world_size, world_sum, constant)
+    loss_share, weighted, tokens = 0.0, {}, 0.0
+    for samples, batch in micro_batches:
+        loss, metrics = micro_loss(samples, batch, norm)
+        engine.backward(loss, scale_wrt_gas=False)
+        loss_share += float(loss.detach())
+        n = float(batch.mask.sum())
+        tokens += n
+        for k, v in metrics.items():
+            weighted[k] = weighted.get(k, 0.0) + float(v) * n
+    engine.step()
+    out = {k: v / max(tokens, 1.0) for k, v in weighted.items()}
+    out["loss"] = float(world_sum(torch.tensor([loss_share], dtype=torch.float64))[0]) / world_size
+    grad_norm = engine.get_global_grad_norm()
+    out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+    return out

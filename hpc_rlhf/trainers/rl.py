@@ -1,0 +1,366 @@
+"""The one RL loop, for every advantage estimator and policy loss, without a controller.
+
+Every rank runs this file.  Each step walks the same phases on every rank, and every phase ends in
+one exchange over the control bridge, so the collectives line up without any RPC:
+
+  generate   rollout ranks sample n responses per prompt of their shard   -> exchange samples
+  score      reward ranks score their shard (dynamic filtering may loop)  -> exchange rewards
+  infer      reference log-probs, critic values, actor old log-probs      -> exchange
+  advantages on the actor ranks (global statistics over the actor world)  -> exchange returns
+  train      actor and critic, each in its own world, in parallel
+  sync       actor leader broadcasts the new weights to the rollout ranks
+  commit     metrics and stop flags agreed; checkpoint of every role at the same step
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+
+from ..algorithms.advantages import make_advantage_estimator
+from ..algorithms.kl import compute_kl, kl_penalty_rewards, make_kl_controller
+from ..algorithms.registry import ADVANTAGE_ESTIMATORS
+from ..checkpoint.hf_export import save_hf
+from ..checkpoint.rng import seed_everything
+from ..checkpoint.store import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..config import ConfigError, dump_yaml
+from ..config.rl import RLConfig
+from ..data.batching import EpochSampler
+from ..data.prompts import Prompt, load_prompts
+from ..dist.env import device_for, read_env
+from ..dist.placement import PlacementPlan, make_plan
+from ..dist.weight_sync import actor_buckets, receive_weights, send_weights
+from ..dist.worlds import RoleContext, join, leave
+from ..engines.deepspeed_strategy import configure_deepspeed_env
+from ..engines.rollout import tensor_checksum
+from ..logging.metrics import MetricsLogger
+from ..logging.progress import Progress
+from ..models.loading import load_tokenizer, resolve_pretrained
+from ..rewards.shaping import RunningMoments, normalize_rewards
+from ..roles.experience import Experience, padded, shard_groups, unpadded
+from ..roles.training import world_sum
+
+log = logging.getLogger("hpc_rlhf.rl")
+
+
+def plan_from_config(cfg: RLConfig) -> PlacementPlan:
+    est = ADVANTAGE_ESTIMATORS.get(cfg.algo.advantage_estimator)
+    p = cfg.placement
+    sizes = {"actor": p.actor_num_ranks, "rollout": p.rollout_num_ranks, "reward": p.reward_num_ranks,
+             "critic": p.critic_num_ranks if est.needs_critic else 0,
+             "reference": p.ref_num_ranks if cfg.algo.init_kl_coef > 0 else 0}
+    plan = make_plan(sizes, p.colocate_actor_ref, p.colocate_critic_reward, p.colocate_all)
+    for c in plan.components:
+        if cfg.rollout.rollout_batch_size % c.size:
+            raise ConfigError(f"rollout_batch_size={cfg.rollout.rollout_batch_size} prompts are dealt to the "
+                             f"{c.size} ranks of '{c.name}' by whole groups: make it a multiple of {c.size}")
+    actors = plan.ranks_of("actor")
+    per_rank = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt // len(actors)
+    if cfg.train.train_batch_size % len(actors) or per_rank % (cfg.train.train_batch_size // len(actors)):
+        raise ConfigError(f"train_batch_size={cfg.train.train_batch_size} must split evenly over the "
+                         f"{len(actors)} actor ranks and divide each rank's {per_rank} samples per step")
+    return plan
+
+
+class RLRun:
+    def __init__(self, cfg: RLConfig, ctx: RoleContext):
+        self.cfg, self.ctx = cfg, ctx
+        self.is_main = ctx.global_rank == 0
+        seed_everything(cfg.train.seed)
+        self.device = device_for(read_env())
+        self.tokenizer = load_tokenizer(resolve_pretrained(cfg.model.pretrain))
+        self.prompts, self.eval_prompts, bad = load_prompts(cfg.data, self.tokenizer, cfg.train.seed)
+        if self.is_main:
+            log.info("%s", ctx.plan.describe())
+            log.info("%d prompts (%d eval)", len(self.prompts), len(self.eval_prompts))
+            if bad.total:
+                log.warning("skipped %d bad prompt rows:\n%s", bad.total, bad.summary())
+        r = cfg.rollout
+        self.sampler = EpochSampler(len(self.prompts), r.rollout_batch_size, 1, 0, cfg.train.seed)
+        self.total_steps = self.sampler.steps_per_epoch * cfg.train.num_episodes
+        if cfg.train.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.train.max_steps)
+        opt_steps = self.total_steps * cfg.train.max_epochs * (r.rollout_batch_size * r.n_samples_per_prompt
+                                                               // cfg.train.train_batch_size)
+        self.estimator = make_advantage_estimator(cfg.algo.advantage_estimator)
+        self.use_kl_loss = (cfg.algo.use_kl_loss if cfg.algo.use_kl_loss is not None
+                            else not self.estimator.kl_in_reward)
+        self.agg_mode = cfg.algo.loss_agg_mode or self.estimator.default_loss_agg
+        self.kl_ctl = make_kl_controller(cfg.algo.init_kl_coef, cfg.algo.kl_target, cfg.algo.kl_horizon)
+        self.reward_moments = RunningMoments()
+        self._build_roles(opt_steps)
+
+    def _build_roles(self, opt_steps: int) -> None:
+        cfg, ctx, pad = self.cfg, self.ctx, self.tokenizer.pad_token_id
+        self.actor = self.critic = self.reference = self.reward = self.rollout = None
+        if ctx.has("actor"):
+            from ..roles.actor import Actor
+            self.actor = Actor(cfg, opt_steps, ctx.world_size, pad, self.device)
+        if ctx.has("critic"):
+            from ..roles.critic import Critic
+            self.critic = Critic(cfg, opt_steps, ctx.world_size, pad, self.device)
+        if ctx.has("reference"):
+            from ..roles.reference import Reference
+            self.reference = Reference(cfg, pad, self.device)
+        if ctx.has("reward"):
+            from ..roles.reward import RewardRole
+            self.reward = RewardRole(cfg, self.device)
+        if ctx.has("rollout"):
+            from ..roles.rollout import Rollout
+            self.rollout = Rollout(cfg, self.tokenizer, self.device)
+
+    def engines(self) -> dict:
+        return {name: role.engine for name, role in (("actor", self.actor), ("critic", self.critic)) if role}
+
+    # ---- phases -------------------------------------------------------------------------------
+    def _exchange(self, mine):
+        return self.ctx.control.all_gather_object(mine)
+
+    def _role_shard(self, role: str, items: list[Experience]) -> list[Experience]:
+        return shard_groups(items, len(self.ctx.plan.ranks_of(role)), self.ctx.role_rank(role))
+
+    def _generate(self, prompts: list[tuple[int, Prompt]], step: int, salt: int) -> list[Experience]:
+        mine = []
+        if self.rollout is not None:
+            k = self.ctx.role_rank("rollout")
+            n_ranks = len(self.ctx.plan.ranks_of("rollout"))
+            mine = self.rollout.generate(prompts[k::n_ranks], step, self.cfg.rollout.n_samples_per_prompt,
+                                         salt=salt)
+        samples = [s for part in self._exchange(mine) for s in part]
+        return sorted(samples, key=lambda s: (s.prompt_index, s.sample_index))
+
+    def _score(self, samples: list[Experience]) -> dict[str, float]:
+        mine, extra = {}, {}
+        if self.reward is not None:
+            shard = self._role_shard("reward", samples)
+            rewards, valid, extra = self.reward.score(shard)
+            mine = {(s.prompt_index, s.sample_index): (r, v) for s, r, v in zip(shard, rewards, valid)}
+        gathered = self._exchange((mine, extra))
+        scores = {k: v for part, _ in gathered for k, v in part.items()}
+        for s in samples:
+            s.reward, s.reward_valid = scores[(s.prompt_index, s.sample_index)]
+        merged: dict[str, float] = {}
+        for _, e in gathered:
+            for k, v in e.items():
+                merged[k] = merged.get(k, 0.0) + v
+        return merged
+
+    def _step_prompts(self, step: int, round_: int, count: int) -> list[tuple[int, Prompt]]:
+        """Round 0: the step's prompts; later rounds (dynamic filtering): replacements, seeded by the step."""
+        B = self.cfg.rollout.rollout_batch_size
+        if round_ == 0:
+            epoch, in_epoch = divmod(step, self.sampler.steps_per_epoch)
+            idx = self.sampler.step_indices(epoch, in_epoch)
+        else:
+            g = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step * 104729 + round_)
+            idx = torch.randperm(len(self.prompts), generator=g)[:count].tolist()
+        return [(round_ * B + j, self.prompts[i]) for j, i in enumerate(idx)]
+
+    def _collect(self, step: int) -> tuple[list[Experience], dict[str, float]]:
+        """Generate and score; with dynamic filtering, replace groups whose rewards are all equal."""
+        r = self.cfg.rollout
+        B, n = r.rollout_batch_size, r.n_samples_per_prompt
+        kept: list[Experience] = []
+        dropped: list[Experience] = []
+        metrics: dict[str, float] = {}
+        rounds = r.dynamic_filtering_max_rounds if r.dynamic_filtering else 1
+        for round_ in range(rounds):
+            need = B - len(kept) // n
+            samples = self._generate(self._step_prompts(step, round_, need), step, salt=round_)
+            for k, v in self._score(samples).items():
+                metrics[k] = metrics.get(k, 0.0) + v
+            if not r.dynamic_filtering:
+                return samples, metrics
+            for g in sorted({s.prompt_index for s in samples}):
+                group = [s for s in samples if s.prompt_index == g]
+                rewards = [s.reward for s in group]
+                (kept if max(rewards) - min(rewards) > 1e-6 else dropped).extend(group)
+            if len(kept) // n >= B:
+                break
+        kept = kept[:B * n]
+        filled = B - len(kept) // n
+        kept += dropped[:filled * n]
+        metrics["rollout/filtered_groups"] = len(dropped) // n
+        metrics["rollout/filled_groups"] = filled
+        return kept, metrics
+
+    def _infer(self, samples: list[Experience]) -> None:
+        mine: dict[str, dict] = {"ref": {}, "values": {}, "old": {}}
+        for key, role, fn in (("ref", "reference", self.reference and self.reference.logprobs),
+                              ("values", "critic", self.critic and self.critic.values),
+                              ("old", "actor", self.actor and self.actor.logprobs)):
+            if fn:
+                shard = self._role_shard(role, samples)
+                mine[key] = {(s.prompt_index, s.sample_index): v for s, v in zip(shard, fn(shard))}
+        merged: dict[str, dict] = {"ref": {}, "values": {}, "old": {}}
+        for part in self._exchange(mine):
+            for key in merged:
+                merged[key].update(part[key])
+        for s in samples:
+            uid = (s.prompt_index, s.sample_index)
+            s.ref_logprobs = merged["ref"].get(uid)
+            s.values = merged["values"].get(uid)
+            s.old_logprobs = merged["old"].get(uid)
+
+    def _advantages(self, samples: list[Experience]) -> dict[str, float]:
+        """On the actor ranks, for their shard; returns travel to the critic through one exchange."""
+        metrics, mine = {}, {}
+        if self.actor is not None:
+            shard = self._role_shard("actor", samples)
+            R = max(len(s.response_ids) for s in shard)
+            mask = padded([[1.0] * len(s.response_ids) for s in shard], R)
+            valid = torch.tensor([s.reward_valid for s in shard])
+            mask = mask * valid[:, None]
+            rewards = torch.tensor([s.reward if s.reward_valid else 0.0 for s in shard])
+            old = padded([s.old_logprobs for s in shard], R)
+            token_rewards = torch.zeros_like(mask)
+            kl = torch.zeros_like(mask)
+            if self.reference is not None or shard[0].ref_logprobs is not None:
+                ref = padded([s.ref_logprobs for s in shard], R)
+                kl = compute_kl(old, ref, self.cfg.algo.kl_estimator, mask)
+                if not self.use_kl_loss:
+                    token_rewards = kl_penalty_rewards(kl, self.kl_ctl.value, mask)
+            values = padded([s.values for s in shard], R) if shard[0].values is not None else None
+            group_ids = torch.tensor([s.prompt_index for s in shard])
+            adv, ret = self.estimator.compute(rewards, token_rewards, mask, values=values, group_ids=group_ids,
+                                              gamma=self.cfg.algo.gamma, lambd=self.cfg.algo.lambd,
+                                              all_reduce=world_sum)
+            for s, a in zip(shard, unpadded(adv, shard)):
+                s.advantages = a
+            if ret is not None:
+                mine = {(s.prompt_index, s.sample_index): v for s, v in zip(shard, unpadded(ret, shard))}
+            stats = world_sum(torch.tensor([float((kl * mask).sum()), float(mask.sum()), float((adv * mask).sum())],
+                                           dtype=torch.float64))
+            metrics = {"kl": stats[0].item() / max(stats[1].item(), 1), "advantages/mean": stats[2].item() / max(stats[1].item(), 1)}
+        returns = {}
+        for part in self._exchange(mine):
+            returns.update(part)
+        for s in samples:
+            s.returns = returns.get((s.prompt_index, s.sample_index))
+        return metrics
+
+    def _normalise_rewards(self, samples: list[Experience]) -> None:
+        if not self.cfg.reward.normalize_reward:
+            return
+        r = torch.tensor([s.reward for s in samples])
+        valid = torch.tensor([s.reward_valid for s in samples])
+        self.reward_moments.update(r, valid)
+        r = normalize_rewards(r, self.reward_moments, valid)
+        for s, v in zip(samples, r.tolist()):
+            s.reward = v
+
+    def sync_weights(self) -> float:
+        """Actor -> rollout.  Returns the checksum of what was sent (actor leader) or loaded (rollout)."""
+        t0 = time.time()
+        ctx = self.ctx
+        dtype = torch.bfloat16 if self.cfg.model.param_dtype == "bf16" else torch.float32
+        bucket_bytes = 64 << 20
+        checksum = float("nan")
+        if self.actor is not None:
+            zero3 = self.actor.engine.zero_optimization_stage() == 3
+            sent: list = []
+
+            def tracked(buckets):
+                for specs, flat in buckets:
+                    if ctx.role_rank("actor") == 0:
+                        from ..dist.weight_sync import unpack
+                        sent.extend((n, t.clone()) for n, t in unpack(specs, flat))
+                    yield specs, flat
+            send_weights(ctx.weights, tracked(actor_buckets(self.actor.module, zero3, dtype, bucket_bytes)),
+                         is_leader=ctx.role_rank("actor") == 0,
+                         local_engine=self.rollout.engine if self.rollout is not None else None)
+            if sent:
+                checksum = tensor_checksum(sent)
+        elif self.rollout is not None:
+            receive_weights(ctx.weights, self.rollout.engine, dtype)
+        if self.rollout is not None:
+            checksum = self.rollout.engine.state_checksum()
+        self.last_sync_s = time.time() - t0
+        return checksum
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self) -> dict[str, float]:
+        cfg = self.cfg
+        start = self._maybe_resume()
+        self.sync_weights()
+        metrics_log = MetricsLogger(cfg.ckpt.save_path, self.is_main, cfg.log.use_tensorboard)
+        progress = Progress(self.total_steps, start, self.is_main, cfg.log.progress_bar, desc="rl")
+        last: dict[str, float] = {}
+        for step in range(start, self.total_steps):
+            last = self.train_step(step)
+            done = step + 1
+            if done % cfg.log.logging_steps == 0 or done == self.total_steps:
+                metrics_log.log(done, last)
+            progress.update(done, {"loss": last.get("actor/loss", float("nan")), "lr": last.get("actor/lr", 0.0)},
+                            done % cfg.log.logging_steps == 0)
+            if cfg.ckpt.save_steps > 0 and done % cfg.ckpt.save_steps == 0 and done < self.total_steps:
+                self.save(done)
+        progress.close()
+        metrics_log.close()
+        if self.actor is not None:
+            save_hf(self.actor.engine, self.tokenizer, cfg.ckpt.save_path,
+                    {"hpc_rlhf_config.yaml": dump_yaml(cfg)})
+        return last
+
+    def train_step(self, step: int) -> dict[str, float]:
+        t0 = time.time()
+        samples, metrics = self._collect(step)
+        t_gen = time.time() - t0
+        raw = [s.reward for s in samples if s.reward_valid]
+        self._normalise_rewards(samples)
+        self._infer(samples)
+        metrics.update(self._advantages(samples))
+        role_metrics: dict[str, float] = {}
+        if self.actor is not None and step >= self.cfg.train.freezing_actor_steps:
+            role_metrics.update(self.actor.train(self._role_shard("actor", samples), step, self.kl_ctl.value,
+                                                 self.use_kl_loss, self.agg_mode))
+        if self.critic is not None:
+            role_metrics.update(self.critic.train(self._role_shard("critic", samples), step))
+        self.sync_weights()
+        # commit: every rank's metrics reach every rank (the same values everywhere), then the KL controller
+        for part in self._exchange(role_metrics if self.ctx.rank_in_world == 0 else {}):
+            metrics.update(part)
+        self.kl_ctl.update(metrics.get("kl", 0.0), len(samples))
+        lengths = [len(s.response_ids) for s in samples]
+        metrics.update({
+            "reward/mean": sum(raw) / max(len(raw), 1),
+            "reward/invalid": float(sum(not s.reward_valid for s in samples)),
+            "response_length/mean": sum(lengths) / len(lengths),
+            "response_length/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
+            "kl_coef": self.kl_ctl.value, "time/generate_score_s": t_gen,
+            "time/weight_sync_s": self.last_sync_s, "time/step_s": time.time() - t0,
+        })
+        return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+    def _trainer_state(self, step: int) -> dict:
+        return {"step": step, "kl_ctl": self.kl_ctl.state_dict(), "reward_moments": self.reward_moments.state_dict()}
+
+    def save(self, step: int) -> None:
+        save_checkpoint(self.engines(), self.cfg.ckpt.ckpt_path, step, self._trainer_state(step),
+                        self.cfg.ckpt.max_ckpt_num, rank=self.ctx.global_rank, barrier=self.ctx.control.barrier)
+
+    def _maybe_resume(self) -> int:
+        if not self.cfg.ckpt.load_checkpoint:
+            return 0
+        path = latest_checkpoint(self.cfg.ckpt.ckpt_path)
+        if path is None:
+            if self.is_main:
+                log.info("load_checkpoint: no committed checkpoint in %s; starting fresh", self.cfg.ckpt.ckpt_path)
+            return 0
+        state = load_checkpoint(self.engines(), path, rank=self.ctx.global_rank)
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        self.reward_moments.load_state_dict(state["reward_moments"])
+        if self.is_main:
+            log.info("resumed from %s at step %d", path, state["step"])
+        return state["step"]
+
+
+def run_rl(cfg: RLConfig) -> dict[str, float]:
+    configure_deepspeed_env()
+    plan = plan_from_config(cfg)
+    ctx = join(plan, cfg.launch.backend, cfg.placement.collective_timeout_s, cfg.placement.dead_rank_timeout_s)
+    result = RLRun(cfg, ctx).run()
+    leave(ctx)
+    return result

@@ -1,0 +1,193 @@
+"""In-process rollout engine: greedy == transformers generate, batch-invariant seeded sampling,
+top-k / top-p, stop tokens, log-probabilities, weight loading, checksum, sampling distribution."""
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hpc_rlhf.engines.hf_engine import HFEngine, filter_logits
+from hpc_rlhf.engines.rollout import Completion, RolloutEngine, SamplingParams
+from hpc_rlhf.engines.seeds import sample_seed
+from hpc_rlhf.models.tiny import build_tiny_model
+
+EOS, PAD, IM_END = 256, 257, 259
+TINY = dict(hidden_size=32, num_layers=2, num_heads=4, max_position_embeddings=128)
+PROMPTS = [[72, 101, 108, 108, 111], [1, 2], [200, 13, 40, 41, 42, 43, 44, 45, 46], [99]]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rollout")
+    return {arch_seed: build_tiny_model(root / f"{arch_seed[0]}{arch_seed[1]}", arch=arch_seed[0],
+                                        seed=arch_seed[1], **TINY)
+            for arch_seed in [("llama", 0), ("llama", 1), ("gpt2", 0)]}
+
+
+@pytest.fixture(scope="module")
+def engine(model_dirs):
+    return HFEngine(model_dirs[("llama", 0)], max_batch_size=64)
+
+
+def _hf_greedy(model, prompts, max_new, stop):
+    """transformers generate on a left-padded batch; each row cut after its first stop token."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
+                         min_new_tokens=max_new, eos_token_id=None, pad_token_id=PAD)
+    rows = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
+        rows.append(row[:cut])
+    return rows
+
+
+def test_seed_derivation():
+    s = sample_seed(1234, 7, 3, 2)
+    assert s == sample_seed(1234, 7, 3, 2) and 0 <= s < 2 ** 63
+    others = {sample_seed(1234, 7, 3, 1), sample_seed(1234, 7, 2, 2), sample_seed(1234, 6, 3, 2),
+              sample_seed(1235, 7, 3, 2), sample_seed(1234, 3, 7, 2)}
+    assert s not in others and len(others) == 5
+
+
+def test_params_validation():
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError):
+        SamplingParams(max_new_tokens=0)
+    assert SamplingParams(temperature=0).greedy
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_greedy_matches_transformers_generate(model_dirs, arch):
+    path = model_dirs[(arch, 0)]
+    eng = HFEngine(path)
+    assert isinstance(eng, RolloutEngine)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    params = SamplingParams(temperature=0, max_new_tokens=12)
+    got = eng.generate(PROMPTS, params, seeds=[0] * len(PROMPTS))
+    want = _hf_greedy(model, PROMPTS, 12, stop=[])
+    assert [c.token_ids for c in got] == want
+    assert all(isinstance(c, Completion) and c.finish_reason == "length" for c in got)
+    assert [c.prompt_ids for c in got] == PROMPTS
+    # The same with the tiny model's real stop tokens, whichever rows happen to hit them.
+    stop = [EOS, IM_END]
+    got = eng.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=12, stop_token_ids=stop),
+                       seeds=[0] * len(PROMPTS))
+    assert [c.token_ids for c in got] == _hf_greedy(model, PROMPTS, 12, stop=stop)
+
+
+def test_sample_is_batch_invariant(engine):
+    params = SamplingParams(temperature=1.0, top_p=0.95, top_k=50, max_new_tokens=16)
+    seeds = [sample_seed(0, 0, i, 0) for i in range(len(PROMPTS))]
+    batched = engine.generate(PROMPTS, params, seeds)
+    perm = [2, 0, 3, 1]
+    shuffled = engine.generate([PROMPTS[i] for i in perm] + [[5, 6, 7] * 10],
+                               params, [seeds[i] for i in perm] + [99])
+    for j, i in enumerate(perm):
+        alone = engine.generate([PROMPTS[i]], params, [seeds[i]])[0]
+        assert alone.token_ids == batched[i].token_ids == shuffled[j].token_ids
+        assert alone.logprobs == pytest.approx(batched[i].logprobs, abs=1e-5)
+    # Chunking (max_batch_size) does not change samples either.
+    small = HFEngine(engine.model, max_batch_size=2)
+    assert [c.token_ids for c in small.generate(PROMPTS, params, seeds)] == [c.token_ids for c in batched]
+
+
+def test_different_seeds_differ(engine):
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    outs = engine.generate([PROMPTS[0]] * 8, params, seeds=[sample_seed(0, 0, 0, j) for j in range(8)])
+    assert len({tuple(c.token_ids) for c in outs}) == 8
+    again = engine.generate([PROMPTS[0]] * 8, params, seeds=[sample_seed(0, 0, 0, j) for j in range(8)])
+    assert [c.token_ids for c in again] == [c.token_ids for c in outs]
+
+
+@pytest.mark.parametrize("kw", [dict(top_k=1), dict(top_p=1e-6), dict(top_k=1, temperature=5.0)])
+def test_degenerate_filters_equal_greedy(engine, kw):
+    greedy = engine.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=10), [0] * 4)
+    params = SamplingParams(**{"temperature": 1.0, "max_new_tokens": 10, **kw})
+    got = engine.generate(PROMPTS, params, seeds=[11, 12, 13, 14])
+    assert [c.token_ids for c in got] == [c.token_ids for c in greedy]
+
+
+def test_stop_tokens_and_length(engine):
+    params = SamplingParams(temperature=0, max_new_tokens=10)
+    free = engine.generate(PROMPTS, params, [0] * 4)
+    # Make row 0's third greedy token a stop token: row 0 stops there, the others run on unchanged.
+    stop_tok = free[0].token_ids[2]
+    assert all(stop_tok not in c.token_ids for c in free[1:]), "pick prompts whose outputs differ"
+    got = engine.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_tok]),
+                          [0] * 4)
+    first = free[0].token_ids.index(stop_tok)
+    assert got[0].token_ids == free[0].token_ids[:first + 1] and got[0].token_ids[-1] == stop_tok
+    assert got[0].finish_reason == "stop" and len(got[0].logprobs) == len(got[0].token_ids)
+    for c, f in zip(got[1:], free[1:]):
+        assert c.token_ids == f.token_ids and len(c.token_ids) == 10 and c.finish_reason == "length"
+
+
+def test_logprobs_match_full_forward(engine):
+    params = SamplingParams(temperature=0.8, top_k=20, max_new_tokens=10)
+    outs = engine.generate(PROMPTS, params, seeds=[1, 2, 3, 4])
+    with torch.no_grad():
+        for c in outs:
+            full = torch.tensor([c.prompt_ids + c.token_ids])
+            logp = torch.log_softmax(engine.model(full).logits[0].float(), dim=-1)
+            n = len(c.prompt_ids)
+            want = [logp[n - 1 + t, tok].item() for t, tok in enumerate(c.token_ids)]
+            assert c.logprobs == pytest.approx(want, abs=1e-4)
+
+
+def test_load_weights_and_checksum(model_dirs):
+    eng = HFEngine(model_dirs[("llama", 0)])
+    other = HFEngine(model_dirs[("llama", 1)])
+    params = SamplingParams(temperature=0, max_new_tokens=10)
+    before, target = eng.generate(PROMPTS, params, [0] * 4), other.generate(PROMPTS, params, [0] * 4)
+    assert [c.token_ids for c in before] != [c.token_ids for c in target]
+    c0 = eng.state_checksum()
+    assert c0 == eng.state_checksum() and c0 != other.state_checksum()
+    eng.load_weights(other.model.named_parameters())
+    assert eng.weight_version == 1
+    assert [c.token_ids for c in eng.generate(PROMPTS, params, [0] * 4)] == [c.token_ids for c in target]
+    assert eng.state_checksum() == pytest.approx(other.state_checksum(), rel=1e-12)
+    # One changed weight changes the checksum.
+    w = eng.model.model.layers[0].mlp.up_proj.weight
+    c1 = eng.state_checksum()
+    eng.load_weights([("model.layers.0.mlp.up_proj.weight", w.clone().index_put_((torch.tensor(3), torch.tensor(5)),
+                                                                                 w[3, 5] + 1e-3))])
+    assert eng.state_checksum() != c1 and eng.weight_version == 2
+    with pytest.raises(KeyError):
+        eng.load_weights([("model.not_a_layer.weight", torch.zeros(1))])
+    with pytest.raises(ValueError):
+        eng.load_weights([("model.norm.weight", torch.zeros(3))])
+    assert eng.weight_version == 2
+
+
+def test_top_k_distribution(engine):
+    """One step, top_k=2, temperature 1, 2000 seeds: frequencies match the renormalised probabilities."""
+    prompt = PROMPTS[0]
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([prompt])).logits[0, -1].float()
+    p = torch.softmax(logits, -1)
+    top = torch.topk(p, 2)
+    p0 = (top.values[0] / top.values.sum()).item()
+    n = 2000
+    eng = HFEngine(engine.model, max_batch_size=n)
+    outs = eng.generate([prompt] * n, SamplingParams(temperature=1.0, top_k=2, max_new_tokens=1),
+                        seeds=[sample_seed(7, 0, 0, j) for j in range(n)])
+    toks = [c.token_ids[0] for c in outs]
+    assert set(toks) <= set(top.indices.tolist())
+    k0 = toks.count(top.indices[0].item())
+    sigma = math.sqrt(n * p0 * (1 - p0))
+    assert abs(k0 - n * p0) <= 3 * sigma, (k0, n * p0, sigma)
+
+
+def test_top_p_keeps_smallest_set():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = lambda top_p: torch.isfinite(filter_logits(logits, SamplingParams(top_p=top_p)))[0].tolist()
+    assert kept(0.49) == [True, False, False, False]
+    assert kept(0.51) == [True, True, False, False]
+    assert kept(0.79) == [True, True, False, False]
+    assert kept(0.81) == [True, True, True, False]
+    assert kept(1.0) == [True] * 4
