@@ -36,15 +36,13 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from .launch.local import already_launched, launch_local
     config_cls, runner = TRAINERS[args.trainer]
     cfg = load_config(_import(config_cls), args.config, rest)
-    nproc = cfg.launch.nproc
+    nproc, describe = cfg.launch.nproc, None
     if args.trainer in PLANNED:
         plan = _import(PLANNED[args.trainer])(cfg)
-        nproc = plan.world_size
-        if not already_launched():
-            print(plan.describe(), file=sys.stderr, flush=True)
+        nproc, describe = plan.world_size, lambda r: "roles " + "+".join(plan.roles_of(r))
     if nproc > 1 and not already_launched():
         return launch_local(["train", args.trainer, *(["--config", args.config] if args.config else []), *rest],
-                            nproc)
+                            nproc, describe=describe)
     _import(runner)(cfg)
     return 0
 

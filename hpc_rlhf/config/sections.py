@@ -138,6 +138,8 @@ class LogConfig:
     logging_steps: int = field(1, help="log metrics every N steps")
     eval_steps: int = field(-1, help="evaluate every N steps (-1: only at the end)")
     use_tensorboard: bool = field(True, help="write TensorBoard events into save_path/tensorboard")
+    check_weight_sync: bool = field(False, help="RL: after every weight sync, log checksums of the weights the "
+                                                "actor sent and each rollout rank loaded (costs a pass over them)")
     progress_bar: Literal["auto", "on", "off"] = field("auto", help="progress bar with ETA (auto: only on "
                                                                     "a terminal; plain lines otherwise)")
 

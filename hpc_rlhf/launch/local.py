@@ -25,7 +25,7 @@ def already_launched() -> bool:
     return "RANK" in os.environ or ("SLURM_PROCID" in os.environ and "MASTER_ADDR" in os.environ)
 
 
-def launch_local(argv: list[str], nproc: int, grace_s: float = 10.0) -> int:
+def launch_local(argv: list[str], nproc: int, grace_s: float = 10.0, describe=None) -> int:
     """Run ``python -m hpc_rlhf.cli *argv`` as ``nproc`` ranks; return the first non-zero exit code."""
     port = free_port()
     procs: list[subprocess.Popen] = []
@@ -48,7 +48,8 @@ def launch_local(argv: list[str], nproc: int, grace_s: float = 10.0) -> int:
         failed = (-1, 130)
     rank, code = failed
     if rank >= 0:
-        print(f"hpc-rlhf launcher: rank {rank} exited with code {code}; stopping the other ranks",
+        what = f" ({describe(rank)})" if describe else ""
+        print(f"hpc-rlhf launcher: rank {rank}{what} exited with code {code}; stopping the other ranks",
               file=sys.stderr, flush=True)
     _stop(procs, grace_s)
     return code

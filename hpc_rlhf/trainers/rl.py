@@ -31,7 +31,7 @@ from ..data.batching import EpochSampler
 from ..data.prompts import Prompt, load_prompts
 from ..dist.env import device_for, read_env
 from ..dist.placement import PlacementPlan, make_plan
-from ..dist.weight_sync import actor_buckets, receive_weights, send_weights
+from ..dist.weight_sync import actor_buckets, receive_weights, send_weights, unpack
 from ..dist.worlds import RoleContext, join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
 from ..engines.rollout import tensor_checksum
@@ -264,8 +264,7 @@ class RLRun:
 
             def tracked(buckets):
                 for specs, flat in buckets:
-                    if ctx.role_rank("actor") == 0:
-                        from ..dist.weight_sync import unpack
+                    if ctx.role_rank("actor") == 0 and self.cfg.log.check_weight_sync:
                         sent.extend((n, t.clone()) for n, t in unpack(specs, flat))
                     yield specs, flat
             send_weights(ctx.weights, tracked(actor_buckets(self.actor.module, zero3, dtype, bucket_bytes)),
@@ -275,7 +274,7 @@ class RLRun:
                 checksum = tensor_checksum(sent)
         elif self.rollout is not None:
             receive_weights(ctx.weights, self.rollout.engine, dtype)
-        if self.rollout is not None:
+        if self.rollout is not None and self.cfg.log.check_weight_sync:
             checksum = self.rollout.engine.state_checksum()
         self.last_sync_s = time.time() - t0
         return checksum
@@ -318,9 +317,15 @@ class RLRun:
                                                  self.use_kl_loss, self.agg_mode))
         if self.critic is not None:
             role_metrics.update(self.critic.train(self._role_shard("critic", samples), step))
-        self.sync_weights()
+        checksum = self.sync_weights()
+        if self.cfg.log.check_weight_sync:
+            if self.actor is not None and self.ctx.role_rank("actor") == 0:
+                role_metrics["sync/checksum_sent"] = checksum
+            if self.rollout is not None:
+                role_metrics[f"sync/checksum_loaded/{self.ctx.role_rank('rollout')}"] = checksum
         # commit: every rank's metrics reach every rank (the same values everywhere), then the KL controller
-        for part in self._exchange(role_metrics if self.ctx.rank_in_world == 0 else {}):
+        for part in self._exchange(role_metrics if self.ctx.rank_in_world == 0 or self.cfg.log.check_weight_sync
+                                   else {}):
             metrics.update(part)
         self.kl_ctl.update(metrics.get("kl", 0.0), len(samples))
         lengths = [len(s.response_ids) for s in samples]
