@@ -35,6 +35,11 @@ class Watchdog:
         self._stop.set()
         self._thread.join(timeout=self.interval_s * 5)
 
+    def explain_failure(self) -> None:
+        """Called when a collective failed: give the watchdog time to name a dead peer (it then ends the
+        process with that message); return if every peer is alive, so the caller re-raises its error."""
+        self._thread.join(timeout=self.dead_after_s + 5 * self.interval_s)
+
     def _beat(self) -> None:
         self._store.set(f"hb/{self.rank}", repr(time.time()))
 

@@ -56,7 +56,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def make_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
     groups = param_groups(model, train.weight_decay)
     betas = tuple(train.adam_betas)
-    if train.adam_offload and torch.cuda.is_available():
+    if train.adam_offload and train.zero_stage > 0 and torch.cuda.is_available():  # offload needs ZeRO 1-3
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         return DeepSpeedCPUAdam(groups, lr=train.learning_rate, betas=betas)
     # A torch optimizer avoids compiling DeepSpeed's fused Adam on machines without CUDA.
@@ -74,6 +74,10 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, param_dtype: str, t
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config(train, param_dtype, world_size),
                                            dist_init_required=False)
+    if engine.zero_optimization_stage() == 0:
+        # DeepSpeed's bf16 wrapper for ZeRO-0 allocates Adam's states by stepping once on zero gradients;
+        # Adam counts that step, and its bias correction would shrink the first real updates (by ~25%).
+        optimizer.state.clear()
     return engine
 
 

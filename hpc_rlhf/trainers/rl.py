@@ -366,6 +366,10 @@ def run_rl(cfg: RLConfig) -> dict[str, float]:
     configure_deepspeed_env()
     plan = plan_from_config(cfg)
     ctx = join(plan, cfg.launch.backend, cfg.placement.collective_timeout_s, cfg.placement.dead_rank_timeout_s)
-    result = RLRun(cfg, ctx).run()
+    try:
+        result = RLRun(cfg, ctx).run()
+    except Exception:
+        ctx.watchdog.explain_failure()  # a dead peer is the usual cause: name it rather than gloo's error
+        raise
     leave(ctx)
     return result

@@ -1,0 +1,56 @@
+"""A rank that dies mid-run takes every other rank down within 60 s, each naming the dead role and rank.
+
+The ranks are started as plain processes with the rendezvous in their environment, as srun starts them,
+so nothing but the job's own watchdog notices the death.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import yaml
+
+from rl_fixtures import make_assets, merged
+
+
+def test_killed_rollout_rank_stops_every_rank(tmp_path):
+    cfg = merged(make_assets(tmp_path), train={"max_steps": 1000},
+                 placement={"colocate_critic_reward": True, "dead_rank_timeout_s": 10},
+                 ckpt={"save_path": str(tmp_path / "out"), "ckpt_path": str(tmp_path / "ck")})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = 3  # actor, reward, rollout
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(path)],
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    try:
+        metrics = tmp_path / "out" / "metrics.jsonl"
+        deadline = time.time() + 180
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+            assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+            assert time.time() < deadline, "training did not start"
+            time.sleep(0.2)
+        killed = time.time()
+        os.kill(procs[2].pid, signal.SIGKILL)
+        errs = {}
+        for r in (0, 1):
+            errs[r] = procs[r].communicate(timeout=90)[1]
+            assert procs[r].returncode != 0, f"rank {r} exited 0 after its peer died"
+        elapsed = time.time() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert elapsed < 60, elapsed
+    for r, err in errs.items():
+        assert "rank 2 (roles rollout" in err, err[-3000:]
