@@ -60,3 +60,27 @@ def test_two_actor_ranks_match_one(assets):
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-6)
         assert a["actor/loss"] == pytest.approx(b["actor/loss"], abs=1e-5)
         assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-4)
+
+
+def test_reward_model_remote_server_and_dynamic_filtering(assets):
+    """Every reward source at once, combined by weight, with the shaping options and dynamic filtering."""
+    from transformers import AutoModelForSequenceClassification
+
+    from hpc_rlhf.rewards.server import start_server
+    root, base = assets
+    rm_dir = root / "rm"
+    AutoModelForSequenceClassification.from_pretrained(base["model"]["pretrain"], num_labels=1).save_pretrained(rm_dir)
+    with start_server(base["reward"]["reward_func"], port=0) as server:
+        cfg = merged(base,
+                     reward={"reward_pretrain": str(rm_dir), "remote_rm_url": [server.url],
+                             "reward_weights": [0.5, 1.0, 1.0], "normalize_reward": True,
+                             "overlong_buffer_len": 2, "reward_clip_range": [-5.0, 5.0]},
+                     algo={"advantage_estimator": "rloo"},
+                     rollout={"dynamic_filtering": True, "n_samples_per_prompt": 2},
+                     train={"max_steps": 2}, placement={"colocate_all": True})
+        metrics = run_rl(cfg, root, "all_rewards")
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["reward/remote/requests/0"] >= 1
+        assert m["reward/invalid"] == 0
+        assert "rollout/filtered_groups" in m and "rollout/filled_groups" in m

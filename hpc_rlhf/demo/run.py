@@ -86,6 +86,47 @@ def sft_stage(ctx: DemoContext) -> dict:
             "first_loss": losses[0], "last_loss": losses[-1], "seconds": round(time.time() - t0, 1)}
 
 
+REWARD_FILE = Path(__file__).with_name("exact_match_reward.py")
+
+
+def rl_stage(name: str, algo: dict, rollout: dict, train: dict):
+    """Register an RL stage: starts from the SFT model, exact-match reward on the training prompts."""
+
+    def run(ctx: DemoContext) -> dict:
+        t0 = time.time()
+        config = {
+            "model": {"pretrain": str(ctx.models["sft"]), "param_dtype": "fp32"},
+            "data": {"prompt_data": [str(ctx.train_file)], "input_key": "input", "label_key": "label"},
+            "reward": {"reward_func": str(REWARD_FILE)},
+            "algo": algo,
+            "rollout": {"generate_max_len": 6, **rollout},
+            "train": {"zero_stage": 2, "seed": ctx.seed, **train},
+            "placement": {"colocate_all": True, "actor_num_ranks": ctx.nproc},
+            "ckpt": {"save_path": str(ctx.out / name), "ckpt_path": str(ctx.out / f"{name}_ckpt")},
+            "log": {"logging_steps": 1},
+        }
+        model_dir = run_training(ctx, "rl", name, config)
+        metrics = [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
+        rewards = [m["reward/mean"] for m in metrics]
+        k = max(1, len(rewards) // 5)
+        return {"heldout_accuracy": heldout_accuracy(model_dir, ctx.heldout_rows), "steps": metrics[-1]["step"],
+                "reward_mean_first": round(sum(rewards[:k]) / k, 4), "reward_mean_last": round(sum(rewards[-k:]) / k, 4),
+                "seconds": round(time.time() - t0, 1)}
+    run.needs = ("sft",)
+    return stage(name)(run)
+
+
+GROUP = {"n_samples_per_prompt": 8, "rollout_batch_size": 16}
+GROUP_TRAIN = {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 5e-5, "max_steps": 40}
+rl_stage("grpo", {"advantage_estimator": "group_norm"}, GROUP, GROUP_TRAIN)
+rl_stage("reinforce_baseline", {"advantage_estimator": "reinforce_baseline"}, GROUP, GROUP_TRAIN)
+rl_stage("rloo", {"advantage_estimator": "rloo"}, GROUP, GROUP_TRAIN)
+rl_stage("ppo", {"advantage_estimator": "gae", "lambd": 0.95},
+         {"n_samples_per_prompt": 2, "rollout_batch_size": 64},
+         {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 5e-5,
+          "critic_learning_rate": 2e-4, "freezing_actor_steps": 3, "max_steps": 40})
+
+
 def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stages", default="all", help=f"comma-separated subset of: {', '.join(STAGES)} (default all)")
     p.add_argument("--out", default="demo_out", help="working folder (models, data, metrics)")
@@ -96,6 +137,10 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
 def run_demo(stages: list[str], out: Path, nproc: int, seed: int) -> dict:
     from ..models.tiny import build_tiny_model
     unknown = [s for s in stages if s not in STAGES]
+    for name in list(stages):  # a stage that starts from another's model pulls that stage in first
+        for need in getattr(STAGES.get(name), "needs", ()):
+            if need not in stages:
+                stages.insert(0, need)
     if unknown:
         raise SystemExit(f"hpc-rlhf demo: unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}")
     out.mkdir(parents=True, exist_ok=True)

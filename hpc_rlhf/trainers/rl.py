@@ -246,8 +246,7 @@ class RLRun:
             return
         r = torch.tensor([s.reward for s in samples])
         valid = torch.tensor([s.reward_valid for s in samples])
-        self.reward_moments.update(r, valid)
-        r = normalize_rewards(r, self.reward_moments, valid)
+        r = normalize_rewards(r, self.reward_moments, valid)  # updates the running moments first
         for s, v in zip(samples, r.tolist()):
             s.reward = v
 

@@ -1,0 +1,119 @@
+"""GRPO seconds per step: hpc_rlhf against TRL's GRPOTrainer, same model, prompts and settings, one run.
+
+Both sides: the same random-weight Llama (hidden 256, 4 layers, our byte-level tokenizer), one prompt
+per step with a group of 8 samples, up to 32 new tokens at temperature 1, no reference model
+(beta 0), one optimisation pass per step, fp32 on CPU, the same reward function.  Each side runs in
+a child process so neither inherits the other's threads or caches.  The first ``--warmup`` steps are
+left out of the mean.  Prints one JSON line.
+
+    python benchmarks/grpo_vs_trl.py --steps 20
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+PROMPTS = [f"{a}+{b}=" for a in range(10, 40) for b in range(10, 14)]
+
+
+def reward_digits(completions, **kwargs):
+    """The shared reward: fraction of digit characters in the completion."""
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+REWARD_FILE = '''
+def reward_func(queries, prompts, labels):
+    out = []
+    for q, p in zip(queries, prompts):
+        text = q[len(p):]
+        out.append(sum(c.isdigit() for c in text) / max(len(text), 1))
+    return out
+'''
+
+
+def build_model(root: Path) -> Path:
+    from hpc_rlhf.models.tiny import build_tiny_model
+    return build_tiny_model(root / "model", arch="llama", hidden_size=256, num_layers=4, num_heads=4,
+                            intermediate_size=688, max_position_embeddings=128, seed=0)
+
+
+def run_trl(model: str, steps: int, out: str) -> None:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.t0)
+
+    tok = AutoTokenizer.from_pretrained(model)
+    cfg = GRPOConfig(output_dir=str(Path(out).parent / "trl_out"), per_device_train_batch_size=8, num_generations=8,
+                     max_completion_length=32, temperature=1.0, beta=0.0, num_iterations=1, learning_rate=1e-6,
+                     max_steps=steps, logging_steps=10 ** 6, save_strategy="no", report_to=[], use_cpu=True,
+                     bf16=False, seed=0, dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model), reward_funcs=[reward_digits],
+                          args=cfg, train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=tok,
+                          callbacks=[Timer()])
+    trainer.train()
+    Path(out).write_text(json.dumps(times))
+
+
+def run_ours(model: str, steps: int, root: Path) -> list[float]:
+    data = root / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"input": p}) + "\n" for p in PROMPTS))
+    (root / "reward.py").write_text(REWARD_FILE)
+    cfg = {"model": {"pretrain": model, "param_dtype": "fp32"},
+           "data": {"prompt_data": [str(data)], "input_key": "input", "label_key": None},
+           "reward": {"reward_func": str(root / "reward.py")},
+           "rollout": {"n_samples_per_prompt": 8, "rollout_batch_size": 1, "generate_max_len": 32, "temperature": 1.0},
+           "algo": {"advantage_estimator": "group_norm", "init_kl_coef": 0.0},
+           "train": {"train_batch_size": 8, "micro_train_batch_size": 8, "actor_learning_rate": 1e-6,
+                     "max_steps": steps, "zero_stage": 0, "seed": 0},
+           "placement": {"colocate_all": True},
+           "ckpt": {"save_path": str(root / "ours_out"), "ckpt_path": str(root / "ours_ckpt")},
+           "log": {"logging_steps": 1, "use_tensorboard": False, "progress_bar": "off"}}
+    (root / "ours.yaml").write_text(yaml.safe_dump(cfg))
+    subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(root / "ours.yaml")],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = [json.loads(x) for x in (root / "ours_out" / "metrics.jsonl").read_text().splitlines()]
+    return [r["time/step_s"] for r in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model = str(build_model(root))
+        trl_file = root / "trl_times.json"
+        subprocess.run([sys.executable, __file__, "--_trl", model, str(args.steps), str(trl_file)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        trl_times = json.loads(trl_file.read_text())
+        ours = run_ours(model, args.steps, root)
+    w = args.warmup
+    trl_s = sum(trl_times[w:]) / len(trl_times[w:])
+    ours_s = sum(ours[w:]) / len(ours[w:])
+    print(json.dumps({"benchmark": "grpo_vs_trl", "steps_timed": args.steps - w, "group_size": 8,
+                      "max_new_tokens": 32, "trl_s_per_step": round(trl_s, 4), "hpc_rlhf_s_per_step": round(ours_s, 4),
+                      "speedup": round(trl_s / ours_s, 2)}))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--_trl":
+        run_trl(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    else:
+        main()

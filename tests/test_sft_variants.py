@@ -1,0 +1,303 @@
+"""SFT variants end to end through `hpc-rlhf train sft`: LoRA + lora-merge, QLoRA, ZeRO-3 with bf16 on
+2 ranks, optimizer offload, activation checkpointing, token-budget packed micro-batches, chat data,
+bad rows and offline hub names.
+
+Every CLI run costs seconds of start-up, so each run is a module-scoped fixture shared by the tests
+that read it; runs are tiny (hidden 32, 2 layers, 24 rows, 3 steps).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+N_ROWS = 24  # 3 steps of 8
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from hpc_rlhf.models.tiny import build_tiny_model
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", arch="llama", hidden_size=32, num_layers=2,
+                            num_heads=4, intermediate_size=64, max_position_embeddings=64, seed=0)
+
+
+def _rows(n: int = N_ROWS) -> list[dict]:
+    rows = []
+    for i in range(n):
+        a, b = 10 + 3 * i, 40 + 7 * i % 50
+        rows.append({"input": f"{a}+{b}=", "output": str(a + b)})
+    return rows
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _cli(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", *args], capture_output=True, text=True,
+                          timeout=300, env=None if env is None else {**os.environ, **env})
+
+
+def _train(config: dict, root: Path, *extra: str, nproc: int = 1, env: dict | None = None):
+    cfg_file = root / f"cfg-{len(list(root.glob('cfg-*')))}.yaml"
+    cfg_file.write_text(yaml.safe_dump(config))
+    return _cli(["train", "sft", "--config", str(cfg_file), f"launch.nproc={nproc}", *extra], env)
+
+
+def _run(config: dict, root: Path, name: str, *extra: str, nproc: int = 1) -> tuple[Path, list[dict]]:
+    """A run that must succeed; returns its save_path and the logged metrics."""
+    save = root / name
+    proc = _train(config, root, f"save_path={save}", f"ckpt_path={root / (name + '_ckpt')}", *extra, nproc=nproc)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return save, [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
+
+
+def _losses(metrics: list[dict]) -> list[float]:
+    return [m["loss"] for m in metrics if "loss" in m]
+
+
+@pytest.fixture(scope="module")
+def base(tiny_dir, tmp_path_factory):
+    """(root, config) shared by the runs: ZeRO-2, fp32, 24 rows, 3 steps of 8 samples in micro-batches of 2."""
+    root = tmp_path_factory.mktemp("variants")
+    data = _write_jsonl(root / "train.jsonl", _rows())
+    config = {"model": {"pretrain": str(tiny_dir), "param_dtype": "fp32"},
+              "data": {"dataset": [str(data)], "max_len": 32},
+              "train": {"train_batch_size": 8, "micro_train_batch_size": 2, "max_steps": 3,
+                        "learning_rate": 1e-2, "zero_stage": 2, "seed": 3},
+              "ckpt": {"save_path": str(root / "unused"), "ckpt_path": str(root / "unused_ckpt")},
+              "log": {"logging_steps": 1, "progress_bar": "off", "use_tensorboard": False}}
+    return root, config
+
+
+@pytest.fixture(scope="module")
+def reference_run(base):
+    """The plain run the equivalence tests compare with: 1 rank, padded fixed micro-batches of 2."""
+    root, config = base
+    return _run(config, root, "reference")[1]
+
+
+# --- LoRA ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lora_run(base):
+    root, config = base
+    save, metrics = _run(config, root, "lora", "lora_rank=8", "zero_stage=2")
+    merged = root / "lora_merged"
+    proc = _cli(["lora-merge", str(save), str(merged)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return save, merged, metrics
+
+
+def test_lora_saves_a_trained_adapter(lora_run, tiny_dir):
+    save, _, metrics = lora_run
+    assert (save / "adapter_config.json").is_file() and not (save / "model.safetensors").exists()
+    adapter_cfg = json.loads((save / "adapter_config.json").read_text())
+    assert adapter_cfg["peft_type"] == "LORA" and adapter_cfg["r"] == 8
+    assert adapter_cfg["base_model_name_or_path"] == str(tiny_dir)
+    weights = load_file(save / "adapter_model.safetensors")
+    lora_b = {k: v for k, v in weights.items() if "lora_B" in k}
+    assert len(lora_b) == 2 * 7  # every linear layer of both decoder layers (not the head)
+    # lora_B starts at zero: non-zero everywhere means every adapter was trained
+    assert all(v.abs().max() > 0 for v in lora_b.values())
+    losses = _losses(metrics)
+    assert len(losses) == 3 and losses[-1] < losses[0]
+
+
+def test_lora_merge_gives_the_peft_model(lora_run, tiny_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    save, merged, _ = lora_run
+    ids = AutoTokenizer.from_pretrained(merged)(["12+34=46", "17+28=45"], return_tensors="pt").input_ids
+    base_model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    with torch.no_grad():
+        base_logits = base_model(input_ids=ids).logits
+        peft_logits = PeftModel.from_pretrained(base_model, str(save)).eval()(input_ids=ids).logits
+        merged_logits = AutoModelForCausalLM.from_pretrained(merged).eval()(input_ids=ids).logits
+    torch.testing.assert_close(merged_logits, peft_logits, atol=1e-5, rtol=0)
+    assert (merged_logits - base_logits).abs().max() > 1e-3  # the adapter changed the model
+
+
+# --- QLoRA --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def qlora_run(base):
+    """4-bit base + LoRA on ZeRO-2 (all stages run on CPU), evaluated after every step."""
+    root, config = base
+    return _run(config, root, "qlora", "lora_rank=8", "load_in_4bit=true", "zero_stage=2",
+                "eval_split_ratio=0.2", "eval_steps=1")
+
+
+def test_qlora_trains_through_deepspeed(qlora_run):
+    save, metrics = qlora_run
+    steps = [m for m in metrics if "loss" in m]
+    assert len(steps) == 3 and all("eval_loss" in m for m in steps)
+    assert all(torch.isfinite(torch.tensor([m["loss"], m["grad_norm"], m["eval_loss"]])).all() for m in steps)
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    weights = load_file(save / "adapter_model.safetensors")
+    assert all(v.abs().max() > 0 for k, v in weights.items() if "lora_B" in k)
+
+
+def _qlora_grads(model, ids) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_qlora_evaluation_keeps_gradients(tiny_dir):
+    """bitsandbytes may repack 4-bit weights for an inference kernel (no autograd) on an eval pass."""
+    from hpc_rlhf.config.sections import ModelConfig
+    from hpc_rlhf.models.loading import load_causal_lm
+    model = load_causal_lm(ModelConfig(pretrain=str(tiny_dir), param_dtype="fp32", lora_rank=4, load_in_4bit=True))
+    ids = torch.tensor([[3, 50, 60, 70, 80, 90, 100, 7]])
+    before = _qlora_grads(model, ids)
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=ids)
+    model.train()
+    after = _qlora_grads(model, ids)
+    for name, g in before.items():
+        torch.testing.assert_close(after[name], g, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+# --- ZeRO-3 with bf16 parameters on 2 ranks -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def zero3_run(base):
+    root, config = base
+    return _run(config, root, "zero3", "zero_stage=3", "param_dtype=bf16", nproc=2)
+
+
+def test_zero3_bf16_two_ranks_exports_full_weights(zero3_run, tiny_dir):
+    from transformers import AutoModelForCausalLM
+    save, metrics = zero3_run
+    losses = _losses(metrics)
+    assert len(losses) == 3 and losses[-1] < losses[0] - 0.2
+    initial = load_file(Path(tiny_dir) / "model.safetensors")
+    saved = load_file(save / "model.safetensors")
+    assert sorted(saved) == sorted(initial)
+    for name, w in saved.items():
+        assert w.dtype == torch.bfloat16 and w.shape == initial[name].shape and w.numel() > 0, name
+        assert torch.isfinite(w.float()).all(), name
+        # trained: further from the initial weights than bf16 rounding
+        assert (w.float() - initial[name].to(torch.bfloat16).float()).abs().max() > 1e-3, name
+    model = AutoModelForCausalLM.from_pretrained(save)
+    assert model.dtype == torch.bfloat16
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(p, saved[name], atol=0, rtol=0)
+
+
+def test_zero0_bf16_matches_zero3_bf16(base, zero3_run):
+    """ZeRO-0 with bf16 runs DeepSpeed's unfused bf16 optimizer wrapper: its updates equal ZeRO-3's."""
+    root, config = base
+    _, metrics = _run(config, root, "zero0_bf16", "zero_stage=0", "param_dtype=bf16")
+    assert _losses(metrics) == pytest.approx(_losses(zero3_run[1]), abs=2e-3)
+
+
+# --- optimizer offload, activation checkpointing, token-budget packing: same losses ---------------------
+
+def test_adam_offload_matches(base, reference_run):
+    root, config = base
+    _, metrics = _run(config, root, "offload", "adam_offload=true", "zero_stage=2")
+    assert len(_losses(metrics)) == 3
+    assert _losses(metrics) == pytest.approx(_losses(reference_run), abs=1e-5)
+
+
+def test_gradient_checkpointing_matches(base, reference_run):
+    root, config = base
+    _, metrics = _run(config, root, "checkpointing", "gradient_checkpointing=true")
+    assert _losses(metrics) == pytest.approx(_losses(reference_run), abs=1e-5)
+
+
+def test_gradient_checkpointing_recomputes(tiny_dir):
+    """The loaded model is in training mode, so transformers really checkpoints (recomputes in backward)."""
+    from hpc_rlhf.config.sections import ModelConfig
+    from hpc_rlhf.models.loading import load_causal_lm
+    counts = {}
+    for on in (False, True):
+        model = load_causal_lm(ModelConfig(pretrain=str(tiny_dir), param_dtype="fp32", gradient_checkpointing=on))
+        assert model.training
+        act = model.model.layers[0].mlp.act_fn
+        calls = []
+        forward = act.forward
+        act.forward = lambda x: (calls.append(1), forward(x))[1]
+        model(input_ids=torch.tensor([[3, 4, 5, 6]])).logits.sum().backward()
+        counts[on] = len(calls)
+    assert counts == {False: 1, True: 2}
+
+
+def test_token_budget_packed_two_ranks_matches_padded(base, reference_run):
+    root, config = base
+    _, metrics = _run(config, root, "packed", "packing_samples=true", "micro_batch_tokens=32", nproc=2)
+    assert _losses(metrics) == pytest.approx(_losses(reference_run), abs=1e-5)
+    assert [m["tokens"] for m in metrics if "loss" in m] == [m["tokens"] for m in reference_run if "loss" in m]
+
+
+# --- chat data ----------------------------------------------------------------------------------------
+
+def test_multi_turn_chat_data_trains(base):
+    root, config = base
+    rows = []
+    for i in range(N_ROWS):
+        a, b = 10 + 3 * i, 4 + i % 10  # every answer has two digits
+        rows.append({"messages": [{"role": "user", "content": f"{a}+{b}"},
+                                  {"role": "assistant", "content": str(a + b)},
+                                  {"role": "user", "content": "+1"},
+                                  {"role": "assistant", "content": str(a + b + 1)}]})
+    data = _write_jsonl(root / "chat.jsonl", rows)
+    _, metrics = _run(config, root, "chat", f"dataset={data}", "apply_chat_template=true", "input_key=messages",
+                      "output_key=null", "max_len=64")
+    steps = [m for m in metrics if "loss" in m]
+    assert len(steps) == 3 and steps[-1]["loss"] < steps[0]["loss"]
+    # loss on both assistant turns only: 2 digits + <|im_end|>, twice, for each of the 8 samples of a step
+    assert all(m["tokens"] == 8 * 2 * 3 for m in steps)
+
+
+# --- bad rows and offline hub names -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bad_data(base):
+    root, _ = base
+    rows = _rows()
+    rows[2] = {"input": "3+4="}  # row 3: no output
+    rows[6] = {"input": "1+" * 30 + "1=", "output": "31"}  # row 7: 64 tokens > max_len 32
+    return _write_jsonl(root / "bad.jsonl", rows)
+
+
+def test_bad_rows_skip_reports_counts_and_rows(base, bad_data):
+    root, config = base
+    proc = _train(config, root, f"dataset={bad_data}", "bad_rows=skip", f"save_path={root / 'bad_skip'}",
+                  "max_steps=1")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "skipped 2 bad rows" in proc.stderr
+    assert f"missing_key: 1 row skipped, e.g. {bad_data} row 3: missing key 'output'" in proc.stderr
+    assert f"too_long: 1 row skipped, e.g. {bad_data} row 7: " in proc.stderr
+    assert "22 training samples" in proc.stderr
+
+
+def test_bad_rows_error_names_file_and_row(base, bad_data):
+    root, config = base
+    proc = _train(config, root, f"dataset={bad_data}", "bad_rows=error", f"save_path={root / 'bad_error'}")
+    assert proc.returncode == 2
+    assert f"hpc-rlhf: {bad_data} row 3: missing key 'output'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (root / "bad_error").exists()
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("pretrain=some-org/some-model", "some-org/some-model is not a local folder, and HF_HUB_OFFLINE is set"),
+    ("dataset=some-org/some-data", "some-org/some-data is not a local file or folder, and HF_HUB_OFFLINE is set"),
+])
+def test_offline_hub_name_exits_2(base, override, needle):
+    root, config = base
+    proc = _train(config, root, override, env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert f"hpc-rlhf: {needle}" in proc.stderr and "Traceback" not in proc.stderr
