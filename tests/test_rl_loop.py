@@ -84,3 +84,14 @@ def test_reward_model_remote_server_and_dynamic_filtering(assets):
         assert m["reward/remote/requests/0"] >= 1
         assert m["reward/invalid"] == 0
         assert "rollout/filtered_groups" in m and "rollout/filled_groups" in m
+
+
+def test_zero3_actor_ranks_broadcast_to_a_separate_rollout_rank(assets):
+    """Two ZeRO-3 actor ranks gather their shards; the leader broadcasts buckets to the rollout rank."""
+    root, base = assets
+    cfg = merged(base, algo={"advantage_estimator": "reinforce"}, train={"max_steps": 2, "zero_stage": 3},
+                 placement={"actor_num_ranks": 2})
+    metrics = run_rl(cfg, root, "zero3_sync")
+    for m in metrics:
+        assert m["sync/checksum_loaded/0"] == pytest.approx(m["sync/checksum_sent"], rel=1e-12, abs=1e-9)
+    assert metrics[0]["sync/checksum_sent"] != metrics[1]["sync/checksum_sent"]

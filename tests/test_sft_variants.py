@@ -195,11 +195,33 @@ def test_zero3_bf16_two_ranks_exports_full_weights(zero3_run, tiny_dir):
         torch.testing.assert_close(p, saved[name], atol=0, rtol=0)
 
 
-def test_zero0_bf16_matches_zero3_bf16(base, zero3_run):
-    """ZeRO-0 with bf16 runs DeepSpeed's unfused bf16 optimizer wrapper: its updates equal ZeRO-3's."""
-    root, config = base
-    _, metrics = _run(config, root, "zero0_bf16", "zero_stage=0", "param_dtype=bf16")
-    assert _losses(metrics) == pytest.approx(_losses(zero3_run[1]), abs=2e-3)
+def _first_updates(model_dir: str) -> dict[int, float]:
+    """Mean |change| / lr of one weight matrix after one bf16 optimizer step, per ZeRO stage."""
+    from hpc_rlhf.config import SFTConfig, load_config
+    from hpc_rlhf.engines.deepspeed_strategy import build_engine
+    from hpc_rlhf.models.loading import load_causal_lm
+    out = {}
+    for stage in (0, 2):
+        cfg = load_config(SFTConfig, None, [f"pretrain={model_dir}", "dataset=mem", "param_dtype=bf16",
+                                            f"zero_stage={stage}", "learning_rate=1e-2", "lr_warmup_ratio=0",
+                                            "lr_scheduler=constant_with_warmup", "train_batch_size=1"])
+        engine = build_engine(load_causal_lm(cfg.model), cfg.train, "bf16", 4, 1)
+        weight = engine.module.model.layers[0].mlp.up_proj.weight
+        before = weight.detach().float().clone()
+        loss = engine(input_ids=torch.tensor([[3, 50, 60, 70, 80, 90]])).logits.float().logsumexp(-1).mean()
+        engine.backward(loss, scale_wrt_gas=False)
+        engine.step()
+        out[stage] = ((weight.detach().float() - before).abs().mean() / 1e-2).item()
+    return out
+
+
+def test_zero0_bf16_first_update_is_adams(tiny_dir):
+    """ZeRO-0 with bf16 runs DeepSpeed's unfused bf16 wrapper, which steps Adam once on zero gradients
+    to allocate its states; uncorrected, Adam's bias correction made the first updates ~27% smaller."""
+    from _dist import run_ranks
+    updates = run_ranks(_first_updates, 1, str(tiny_dir))[0]
+    assert updates[2] == pytest.approx(1.0, abs=0.02)  # Adam's first step moves every weight by ~lr
+    assert updates[0] == pytest.approx(updates[2], rel=0.02)
 
 
 # --- optimizer offload, activation checkpointing, token-budget packing: same losses ---------------------
@@ -241,53 +263,55 @@ def test_token_budget_packed_two_ranks_matches_padded(base, reference_run):
     assert [m["tokens"] for m in metrics if "loss" in m] == [m["tokens"] for m in reference_run if "loss" in m]
 
 
-# --- chat data ----------------------------------------------------------------------------------------
+# --- chat data, with bad rows ------------------------------------------------------------------------
 
-def test_multi_turn_chat_data_trains(base):
-    root, config = base
+@pytest.fixture(scope="module")
+def chat_data(base):
+    """Two-turn conversations; row 3 has no messages, row 7 is longer than max_len."""
+    root, _ = base
     rows = []
-    for i in range(N_ROWS):
+    for i in range(N_ROWS + 2):
         a, b = 10 + 3 * i, 4 + i % 10  # every answer has two digits
         rows.append({"messages": [{"role": "user", "content": f"{a}+{b}"},
                                   {"role": "assistant", "content": str(a + b)},
                                   {"role": "user", "content": "+1"},
                                   {"role": "assistant", "content": str(a + b + 1)}]})
-    data = _write_jsonl(root / "chat.jsonl", rows)
-    _, metrics = _run(config, root, "chat", f"dataset={data}", "apply_chat_template=true", "input_key=messages",
-                      "output_key=null", "max_len=64")
+    rows[2] = {"conversation": rows[2]["messages"]}
+    rows[6]["messages"][0]["content"] = "1+" * 20 + "1"
+    return _write_jsonl(root / "chat.jsonl", rows)
+
+
+@pytest.fixture(scope="module")
+def chat_run(base, chat_data):
+    root, config = base
+    save = root / "chat"
+    proc = _train(config, root, f"dataset={chat_data}", "apply_chat_template=true", "input_key=messages",
+                  "output_key=null", "max_len=64", "bad_rows=skip", f"save_path={save}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()], proc.stderr
+
+
+def test_multi_turn_chat_data_trains(chat_run):
+    metrics, _ = chat_run
     steps = [m for m in metrics if "loss" in m]
     assert len(steps) == 3 and steps[-1]["loss"] < steps[0]["loss"]
     # loss on both assistant turns only: 2 digits + <|im_end|>, twice, for each of the 8 samples of a step
-    assert all(m["tokens"] == 8 * 2 * 3 for m in steps)
+    assert [m["tokens"] for m in steps] == [8 * 2 * 3] * 3
 
 
-# --- bad rows and offline hub names -------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def bad_data(base):
-    root, _ = base
-    rows = _rows()
-    rows[2] = {"input": "3+4="}  # row 3: no output
-    rows[6] = {"input": "1+" * 30 + "1=", "output": "31"}  # row 7: 64 tokens > max_len 32
-    return _write_jsonl(root / "bad.jsonl", rows)
+def test_bad_rows_skip_reports_counts_and_rows(chat_run, chat_data):
+    _, stderr = chat_run
+    assert "skipped 2 bad rows" in stderr and f"{N_ROWS} training samples" in stderr
+    assert f"missing_key: 1 row skipped, e.g. {chat_data} row 3: missing key 'messages'" in stderr
+    assert f"too_long: 1 row skipped, e.g. {chat_data} row 7: " in stderr
 
 
-def test_bad_rows_skip_reports_counts_and_rows(base, bad_data):
+def test_bad_rows_error_names_file_and_row(base, chat_data):
     root, config = base
-    proc = _train(config, root, f"dataset={bad_data}", "bad_rows=skip", f"save_path={root / 'bad_skip'}",
-                  "max_steps=1")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "skipped 2 bad rows" in proc.stderr
-    assert f"missing_key: 1 row skipped, e.g. {bad_data} row 3: missing key 'output'" in proc.stderr
-    assert f"too_long: 1 row skipped, e.g. {bad_data} row 7: " in proc.stderr
-    assert "22 training samples" in proc.stderr
-
-
-def test_bad_rows_error_names_file_and_row(base, bad_data):
-    root, config = base
-    proc = _train(config, root, f"dataset={bad_data}", "bad_rows=error", f"save_path={root / 'bad_error'}")
+    proc = _train(config, root, f"dataset={chat_data}", "apply_chat_template=true", "input_key=messages",
+                  "output_key=null", "max_len=64", "bad_rows=error", f"save_path={root / 'bad_error'}")
     assert proc.returncode == 2
-    assert f"hpc-rlhf: {bad_data} row 3: missing key 'output'" in proc.stderr
+    assert f"hpc-rlhf: {chat_data} row 3: missing key 'messages'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (root / "bad_error").exists()
 
