@@ -80,5 +80,12 @@ def test_reference_lists_every_openrlhf_name():
 
 def test_example_configs_parse():
     from pathlib import Path
-    for f in sorted((Path(__file__).parents[1] / "examples").glob("sft*.yaml")):
+
+    from hpc_rlhf.config.rl import RLConfig
+    from hpc_rlhf.trainers.rl import plan_from_config
+    examples = Path(__file__).parents[1] / "examples"
+    for f in sorted(examples.glob("sft*.yaml")):
         load_config(SFTConfig, f)
+    worlds = {f.stem: plan_from_config(load_config(RLConfig, f)).world_size for f in sorted(examples.glob("*.yaml"))
+              if not f.stem.startswith("sft")}
+    assert worlds == {"grpo": 1, "ppo": 5}
