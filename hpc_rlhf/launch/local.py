@@ -29,9 +29,13 @@ def launch_local(argv: list[str], nproc: int, grace_s: float = 10.0, describe=No
     """Run ``python -m hpc_rlhf.cli *argv`` as ``nproc`` ranks; return the first non-zero exit code."""
     port = free_port()
     procs: list[subprocess.Popen] = []
+    # Like torchrun: share the cores between the ranks unless told otherwise (oversubscribed OpenMP
+    # threads spin against each other and slow every rank down many times over).
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
     for rank in range(nproc):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS=threads)
         procs.append(subprocess.Popen([sys.executable, "-m", "hpc_rlhf.cli", *argv], env=env))
     failed: tuple[int, int] | None = None
     try:
