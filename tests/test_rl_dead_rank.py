@@ -30,7 +30,7 @@ def test_killed_rollout_rank_stops_every_rank(tmp_path):
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([sys.executable, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(path)],
                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     try:
