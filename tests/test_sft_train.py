@@ -47,7 +47,7 @@ def _grads(model_dir: str, overrides: list[str]):
     samples = build_sft_samples(ROWS, "mem", tokenizer, cfg.data, BadRows("error"))
     world, rank = dist.get_world_size(), dist.get_rank()
     mine = [samples[i] for i in EpochSampler(len(samples), 4, world, rank, 0).step_indices(0, 0)]
-    engine = build_engine(load_causal_lm(cfg.model), cfg.train, "fp32", 1, world)
+    engine = build_engine(load_causal_lm(cfg.model), cfg.train, cfg.train.learning_rate, "fp32", 1, world)
     opt = engine.optimizer
     while not isinstance(opt, torch.optim.Optimizer):
         opt = opt.optimizer

@@ -205,7 +205,7 @@ def _first_updates(model_dir: str) -> dict[int, float]:
         cfg = load_config(SFTConfig, None, [f"pretrain={model_dir}", "dataset=mem", "param_dtype=bf16",
                                             f"zero_stage={stage}", "learning_rate=1e-2", "lr_warmup_ratio=0",
                                             "lr_scheduler=constant_with_warmup", "train_batch_size=1"])
-        engine = build_engine(load_causal_lm(cfg.model), cfg.train, "bf16", 4, 1)
+        engine = build_engine(load_causal_lm(cfg.model), cfg.train, cfg.train.learning_rate, "bf16", 4, 1)
         weight = engine.module.model.layers[0].mlp.up_proj.weight
         before = weight.detach().float().clone()
         loss = engine(input_ids=torch.tensor([[3, 50, 60, 70, 80, 90]])).logits.float().logsumexp(-1).mean()

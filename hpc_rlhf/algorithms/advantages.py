@@ -221,17 +221,22 @@ class Reinforce(AdvantageEstimator):
     whiten: bool = True
     eps: float = 1e-8
 
+    def _returns(self, scalar: Tensor, token_rewards: Optional[Tensor], mask: Tensor, gamma: float,
+                 all_reduce: AllReduce) -> tuple[Tensor, Tensor]:
+        """Token returns G of the (shaped) scalar reward plus the token rewards; advantages = G,
+        whitened globally when ``self.whiten``.  Shared by the REINFORCE family."""
+        g = discounted_returns(outcome_token_rewards(scalar, token_rewards, mask), mask, gamma)
+        return (masked_whiten(g, mask, all_reduce, eps=self.eps) if self.whiten else g), g
+
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
                 lambd=1.0, all_reduce=None):
         _check(rewards, token_rewards, mask)
-        g = discounted_returns(outcome_token_rewards(rewards, token_rewards, mask), mask, gamma)
-        adv = masked_whiten(g, mask, all_reduce, eps=self.eps) if self.whiten else g
-        return adv, g
+        return self._returns(rewards, token_rewards, mask, gamma, all_reduce)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_baseline")
 @dataclass
-class ReinforceBaseline(AdvantageEstimator):
+class ReinforceBaseline(Reinforce):
     """REINFORCE++-baseline: the scalar reward minus its group mean, r̃_i = r_i − mean_g(r), then
     the token returns of ``reinforce`` built from r̃ (token rewards unchanged), then global
     whitening.  Returns = those token returns."""
@@ -248,14 +253,12 @@ class ReinforceBaseline(AdvantageEstimator):
         gid = _need_groups(self.name, group_ids, rewards)
         s, c = group_sum_count(rewards, gid)
         shaped = rewards.float() - s / c
-        g = discounted_returns(outcome_token_rewards(shaped, token_rewards, mask), mask, gamma)
-        adv = masked_whiten(g, mask, all_reduce, eps=self.eps) if self.whiten else g
-        return adv, g
+        return self._returns(shaped, token_rewards, mask, gamma, all_reduce)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
 @dataclass
-class RLOO(AdvantageEstimator):
+class RLOO(Reinforce):
     """REINFORCE leave-one-out (Ahmadian et al. 2024): r̃_i = r_i − (Σ_{j∈g, j≠i} r_j)/(n_g − 1),
     i.e. n_g/(n_g − 1)·(r_i − mean_g); then the token returns of ``reinforce`` from r̃ (KL stays in
     the token rewards).  No whitening.  A group of one sample has no baseline: r̃ = 0."""
@@ -273,9 +276,7 @@ class RLOO(AdvantageEstimator):
         r = rewards.float()
         s, c = group_sum_count(r, gid)
         baseline = torch.where(c > 1, (s - r) / (c - 1.0).clamp(min=1.0), r)
-        g = discounted_returns(outcome_token_rewards(r - baseline, token_rewards, mask), mask, gamma)
-        adv = masked_whiten(g, mask, all_reduce, eps=self.eps) if self.whiten else g
-        return adv, g
+        return self._returns(r - baseline, token_rewards, mask, gamma, all_reduce)
 
 
 def _sequence_reward(rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor) -> Tensor:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .base import ConfigError, field
-from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig
+from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig, OptimizerConfig
 
 
 @dataclass
@@ -112,7 +112,7 @@ class AlgoConfig:
 
 
 @dataclass
-class RLTrainConfig:
+class RLTrainConfig(OptimizerConfig):
     num_episodes: int = field(1, help="passes over the prompt data")
     max_steps: int | None = field(None, help="stop after this many RL steps")
     train_batch_size: int = field(8, help="samples per optimizer step, over all actor ranks")
@@ -120,17 +120,7 @@ class RLTrainConfig:
     max_epochs: int = field(1, help="optimisation passes over each step's samples")
     actor_learning_rate: float = field(1e-6, help="actor peak learning rate")
     critic_learning_rate: float = field(9e-6, help="critic peak learning rate")
-    lr_warmup_ratio: float = field(0.0, help="warm-up fraction of the steps")
-    lr_scheduler: Literal["cosine_with_min_lr", "constant_with_warmup"] = field(
-        "constant_with_warmup", help="schedule after warm-up")
-    min_lr_ratio: float = field(0.1, help="cosine floor as a fraction of the peak")
     freezing_actor_steps: int = field(0, help="critic warm-up: RL steps during which only the critic trains")
-    weight_decay: float = field(0.0, help="AdamW weight decay")
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95], help="AdamW betas")
-    max_norm: float = field(1.0, help="gradient clipping norm")
-    zero_stage: Literal[0, 1, 2, 3] = field(2, help="DeepSpeed ZeRO stage for actor and critic")
-    adam_offload: bool = field(False, help="optimizer states in CPU memory")
-    seed: int = field(42, help="seed of data order, initialisation and sampling")
 
 
 @dataclass

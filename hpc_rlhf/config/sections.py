@@ -92,17 +92,13 @@ class DataConfig:
 
 
 @dataclass
-class TrainConfig:
-    train_batch_size: int = field(128, help="samples per optimizer step, over all ranks")
-    micro_train_batch_size: int = field(8, help="samples per forward/backward on one rank")
-    max_epochs: int = field(1, help="passes over the training data")
-    max_steps: int | None = field(None, help="stop after this many optimizer steps")
-    learning_rate: float = field(5e-6, help="peak learning rate")
+class OptimizerConfig:
+    """What every DeepSpeed-trained model shares: schedule shape, AdamW, clipping, ZeRO, seed."""
     lr_warmup_ratio: float = field(0.03, help="fraction of the steps spent in linear warm-up")
     lr_scheduler: Literal["cosine_with_min_lr", "constant_with_warmup"] = field(
         "cosine_with_min_lr", help="schedule after warm-up")
-    min_lr_ratio: float = field(0.1, help="cosine floor as a fraction of learning_rate")
-    weight_decay: float = field(0.0, help="AdamW weight decay")
+    min_lr_ratio: float = field(0.1, help="cosine floor as a fraction of the peak learning rate")
+    weight_decay: float = field(0.0, help="AdamW weight decay (matrices only)")
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95], help="AdamW betas")
     max_norm: float = field(1.0, help="gradient clipping norm (0 disables)")
     zero_stage: Literal[0, 1, 2, 3] = field(2, help="DeepSpeed ZeRO stage")
@@ -110,12 +106,24 @@ class TrainConfig:
     seed: int = field(42, help="seed for data order, initialisation and sampling")
 
     def validate(self) -> None:
-        if self.train_batch_size < 1 or self.micro_train_batch_size < 1:
-            raise ConfigError("train.train_batch_size and train.micro_train_batch_size must be >= 1")
         if len(self.adam_betas) != 2:
             raise ConfigError(f"train.adam_betas needs two values, got {self.adam_betas}")
         if not 0.0 <= self.lr_warmup_ratio <= 1.0:
             raise ConfigError(f"train.lr_warmup_ratio must be in [0, 1], got {self.lr_warmup_ratio}")
+
+
+@dataclass
+class TrainConfig(OptimizerConfig):
+    train_batch_size: int = field(128, help="samples per optimizer step, over all ranks")
+    micro_train_batch_size: int = field(8, help="samples per forward/backward on one rank")
+    max_epochs: int = field(1, help="passes over the training data")
+    max_steps: int | None = field(None, help="stop after this many optimizer steps")
+    learning_rate: float = field(5e-6, help="peak learning rate")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.train_batch_size < 1 or self.micro_train_batch_size < 1:
+            raise ConfigError("train.train_batch_size and train.micro_train_batch_size must be >= 1")
 
 
 @dataclass

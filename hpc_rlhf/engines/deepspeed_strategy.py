@@ -12,13 +12,13 @@ import os
 
 import torch
 
-from ..config import TrainConfig
+from ..config.sections import OptimizerConfig
 from .schedule import make_scheduler
 
 log = logging.getLogger(__name__)
 
 
-def ds_config(train: TrainConfig, param_dtype: str, world_size: int) -> dict:
+def ds_config(train: OptimizerConfig, param_dtype: str, world_size: int) -> dict:
     zero: dict = {"stage": train.zero_stage}
     if train.adam_offload and train.zero_stage > 0:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
@@ -53,22 +53,22 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-def make_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, train: OptimizerConfig, learning_rate: float) -> torch.optim.Optimizer:
     groups = param_groups(model, train.weight_decay)
     betas = tuple(train.adam_betas)
     if train.adam_offload and train.zero_stage > 0 and torch.cuda.is_available():  # offload needs ZeRO 1-3
         from deepspeed.ops.adam import DeepSpeedCPUAdam
-        return DeepSpeedCPUAdam(groups, lr=train.learning_rate, betas=betas)
+        return DeepSpeedCPUAdam(groups, lr=learning_rate, betas=betas)
     # A torch optimizer avoids compiling DeepSpeed's fused Adam on machines without CUDA.
-    return torch.optim.AdamW(groups, lr=train.learning_rate, betas=betas)
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
 
 
-def build_engine(model: torch.nn.Module, train: TrainConfig, param_dtype: str, total_steps: int,
-                 world_size: int):
+def build_engine(model: torch.nn.Module, train: OptimizerConfig, learning_rate: float, param_dtype: str,
+                 total_steps: int, world_size: int):
     """Wrap ``model`` in a DeepSpeed engine with its optimizer and lr schedule."""
     import deepspeed
 
-    optimizer = make_optimizer(model, train)
+    optimizer = make_optimizer(model, train, learning_rate)
     scheduler = make_scheduler(optimizer, total_steps, train.lr_warmup_ratio, train.lr_scheduler,
                                train.min_lr_ratio)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .types import RewardBatch, RewardError, merge_extras
+from .types import RewardBatch, RewardError, merge_extras, check_inputs
 
 log = logging.getLogger("hpc_rlhf.rewards")
 
@@ -146,10 +146,7 @@ class RemoteReward:
 
     def score(self, queries: list[str], prompts: list[str], labels: list[str] | None = None) -> RewardBatch:
         n = len(queries)
-        if labels is None:
-            labels = [None] * n
-        if len(prompts) != n or len(labels) != n:
-            raise ValueError(f"queries, prompts and labels differ in length: {n}, {len(prompts)}, {len(labels)}")
+        labels = check_inputs(queries, prompts, labels)
         ranges = [(lo, min(lo + self.batch_size, n)) for lo in range(0, n, self.batch_size)]
         with self._lock:  # the next call starts where this one's round robin ends
             first = self._next_start

@@ -47,7 +47,7 @@ from typing import Callable
 
 import torch
 
-from .types import RewardBatch, RewardError, RewardFileError, merge_extras
+from .types import RewardBatch, RewardError, RewardFileError, merge_extras, check_inputs
 
 log = logging.getLogger("hpc_rlhf.rewards")
 
@@ -233,10 +233,7 @@ class RewardFunction:
 
     def score(self, queries: list[str], prompts: list[str], labels: list[str] | None = None) -> RewardBatch:
         n = len(queries)
-        if labels is None:
-            labels = [None] * n
-        if len(prompts) != n or len(labels) != n:
-            raise ValueError(f"queries, prompts and labels differ in length: {n}, {len(prompts)}, {len(labels)}")
+        labels = check_inputs(queries, prompts, labels)
         rewards = torch.full((n,), float("nan"), dtype=torch.float64)
         scores = torch.full((n,), float("nan"), dtype=torch.float64)
         valid = torch.zeros(n, dtype=torch.bool)

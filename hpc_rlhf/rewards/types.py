@@ -92,3 +92,13 @@ def merge_extras(parts: list[tuple[dict[str, float], float]]) -> dict[str, float
         else:
             out[k] = sum(plain[k]) / len(plain[k])
     return out
+
+
+def check_inputs(queries: list[str], prompts: list[str], labels: list[str] | None) -> list:
+    """The labels list (None -> Nones), after checking the three lists have one entry per sample."""
+    n = len(queries)
+    if labels is None:
+        labels = [None] * n
+    if len(prompts) != n or len(labels) != n:
+        raise ValueError(f"queries, prompts and labels differ in length: {n}, {len(prompts)}, {len(labels)}")
+    return labels

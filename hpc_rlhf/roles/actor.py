@@ -10,13 +10,13 @@ from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import load_causal_lm
 from .experience import Experience, RLBatch, collate, gather_positions, padded, response_logprobs, unpadded
-from .training import chunks, engine_train_config, optimizer_steps, run_optimizer_step
+from .training import chunks, optimizer_steps, run_optimizer_step
 
 
 class Actor:
     def __init__(self, cfg: RLConfig, total_optimizer_steps: int, world_size: int, pad_id: int, device):
         self.cfg, self.pad_id, self.device, self.world_size = cfg, pad_id, device, world_size
-        self.engine = build_engine(load_causal_lm(cfg.model), engine_train_config(cfg.train, cfg.train.actor_learning_rate),
+        self.engine = build_engine(load_causal_lm(cfg.model), cfg.train, cfg.train.actor_learning_rate,
                                    cfg.model.param_dtype, total_optimizer_steps, world_size)
         self.temperature = cfg.rollout.temperature or 1.0
 

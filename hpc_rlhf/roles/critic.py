@@ -9,7 +9,7 @@ from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import resolve_pretrained
 from .experience import Experience, RLBatch, collate, gather_positions, padded, unpadded
-from .training import chunks, engine_train_config, optimizer_steps, run_optimizer_step
+from .training import chunks, optimizer_steps, run_optimizer_step
 
 
 def load_value_model(path: str, dtype: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
@@ -37,7 +37,7 @@ class Critic:
         self.cfg, self.pad_id, self.device, self.world_size = cfg, pad_id, device, world_size
         path = cfg.critic_pretrain or cfg.reward.reward_pretrain or cfg.model.pretrain
         model = load_value_model(path, cfg.model.param_dtype, cfg.model.gradient_checkpointing)
-        self.engine = build_engine(model, engine_train_config(cfg.train, cfg.train.critic_learning_rate),
+        self.engine = build_engine(model, cfg.train, cfg.train.critic_learning_rate,
                                    cfg.model.param_dtype, total_optimizer_steps, world_size)
 
     @torch.no_grad()

@@ -8,17 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ..algorithms.aggregation import StepNorm
-from ..config.rl import RLTrainConfig
-from ..config.sections import TrainConfig
 from .experience import Experience, RLBatch, collate
-
-
-def engine_train_config(train: RLTrainConfig, learning_rate: float) -> TrainConfig:
-    return TrainConfig(train_batch_size=train.train_batch_size, micro_train_batch_size=train.micro_train_batch_size,
-                       learning_rate=learning_rate, lr_warmup_ratio=train.lr_warmup_ratio,
-                       lr_scheduler=train.lr_scheduler, min_lr_ratio=train.min_lr_ratio,
-                       weight_decay=train.weight_decay, adam_betas=list(train.adam_betas), max_norm=train.max_norm,
-                       zero_stage=train.zero_stage, adam_offload=train.adam_offload, seed=train.seed)
 
 
 def world_sum(t: torch.Tensor) -> torch.Tensor:

@@ -136,7 +136,8 @@ def _run(cfg: SFTConfig, de: DistEnv) -> dict[str, float]:
     total_steps = sampler.steps_per_epoch * cfg.train.max_epochs
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
-    engine = build_engine(model, cfg.train, cfg.model.param_dtype, total_steps, de.world_size)
+    engine = build_engine(model, cfg.train, cfg.train.learning_rate, cfg.model.param_dtype, total_steps,
+                          de.world_size)
     maker = BatchMaker(cfg, tokenizer.pad_token_id, dtype, device_for(de))
 
     start = 0
