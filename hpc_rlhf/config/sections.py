@@ -110,6 +110,9 @@ class OptimizerConfig:
             raise ConfigError(f"train.adam_betas needs two values, got {self.adam_betas}")
         if not 0.0 <= self.lr_warmup_ratio <= 1.0:
             raise ConfigError(f"train.lr_warmup_ratio must be in [0, 1], got {self.lr_warmup_ratio}")
+        if self.adam_offload and self.zero_stage == 0:
+            raise ConfigError("train.adam_offload needs train.zero_stage 1, 2 or 3 (ZeRO offloads the partitioned "
+                              "optimizer states)")
 
 
 @dataclass
