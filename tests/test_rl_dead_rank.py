@@ -51,6 +51,7 @@ def test_killed_rollout_rank_stops_every_rank(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+    print(f"all ranks exited {elapsed:.1f} s after the kill")
     assert elapsed < 60, elapsed
     for r, err in errs.items():
         assert "rank 2 (roles rollout" in err, err[-3000:]

@@ -2,7 +2,9 @@
 
 Every rank writes a heartbeat key every ``interval_s``; a daemon thread reads everyone's.  A peer
 silent for ``dead_after_s`` (or a store that stops answering: it lives on global rank 0) ends this
-process with exit code 1 and a message naming the dead rank, its roles and its host.
+process with exit code 1 and a message naming the dead rank, its roles and its host.  The first rank
+to find a dead peer writes its finding to the store, and the others repeat it, so every rank names
+the same culprit.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import threading
 import time
 
 import torch.distributed as dist
+
+_VERDICT = "hb/verdict"
 
 
 class Watchdog:
@@ -67,6 +71,9 @@ class Watchdog:
         while not self._stop.wait(self.interval_s):
             try:
                 self._beat()
+                if self._store.check([_VERDICT]):  # a peer already found the dead rank: repeat its finding
+                    self._die(self._store.get(_VERDICT).decode(), publish=False)
+                    return
                 dead = self.dead_peers()
             except Exception as e:  # the store lives on rank 0: it is gone, or unreachable
                 if self._stop.is_set():
@@ -79,7 +86,14 @@ class Watchdog:
                 self._die(f"no heartbeat for {self.dead_after_s:.0f} s from {names}")
                 return
 
-    def _die(self, why: str) -> None:
+    def _die(self, why: str, publish: bool = True) -> None:
         print(f"hpc-rlhf: rank {self.rank} ({self.describe(self.rank)}) stops the job: {why}",
               file=sys.stderr, flush=True)
+        if publish:
+            try:
+                self._store.set(_VERDICT, why)
+                if self.rank == 0:  # the store dies with this process: give the others time to read the verdict
+                    time.sleep(3 * self.interval_s)
+            except Exception:
+                pass
         os._exit(1)
