@@ -88,6 +88,9 @@ def run_ours(model: str, steps: int, root: Path) -> list[float]:
     subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(root / "ours.yaml")],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(x) for x in (root / "ours_out" / "metrics.jsonl").read_text().splitlines()]
+    if "--breakdown" in sys.argv:
+        keys = [k for k in rows[0] if k.startswith("time/")]
+        print({k: round(sum(r[k] for r in rows[3:]) / len(rows[3:]), 4) for k in keys}, file=sys.stderr)
     return [r["time/step_s"] for r in rows]
 
 
@@ -95,6 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--breakdown", action="store_true", help="print hpc_rlhf's mean time per phase to stderr")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

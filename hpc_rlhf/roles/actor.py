@@ -45,7 +45,9 @@ class Actor:
             logits = self._logits(batch)
             logp = response_logprobs(logits, batch, self.temperature)
             R = batch.mask.size(1)
-            old = padded([s.old_logprobs for s in samples], R).to(logp.device)
+            # without an old-policy pass the samples come from exactly these weights (one update per step)
+            old = (logp.detach() if samples[0].old_logprobs is None
+                   else padded([s.old_logprobs for s in samples], R).to(logp.device))
             adv = padded([s.advantages for s in samples], R).to(logp.device)
             token_loss, metrics = policy_loss(algo.policy_loss, logp, old, adv, batch.mask, eps_clip=algo.eps_clip,
                                               eps_clip_high=algo.eps_clip_high, dual_clip=algo.dual_clip)

@@ -89,6 +89,12 @@ class RLRun:
                             else not self.estimator.kl_in_reward)
         self.agg_mode = cfg.algo.loss_agg_mode or self.estimator.default_loss_agg
         self.kl_ctl = make_kl_controller(cfg.algo.init_kl_coef, cfg.algo.kl_target, cfg.algo.kl_horizon)
+        # One optimizer step per RL step on fresh samples: the policy that generated them is the one being
+        # trained, so the old log-probs equal the training forward's (detached) and need no extra pass,
+        # unless the KL penalty goes into the reward (it needs them before the advantages).
+        single_update = (cfg.train.max_epochs == 1
+                         and r.rollout_batch_size * r.n_samples_per_prompt == cfg.train.train_batch_size)
+        self.need_old_logprobs = not single_update or (cfg.algo.init_kl_coef > 0 and not self.use_kl_loss)
         self.reward_moments = RunningMoments()
         self._build_roles(opt_steps)
 
@@ -190,7 +196,7 @@ class RLRun:
         mine: dict[str, dict] = {"ref": {}, "values": {}, "old": {}}
         for key, role, fn in (("ref", "reference", self.reference and self.reference.logprobs),
                               ("values", "critic", self.critic and self.critic.values),
-                              ("old", "actor", self.actor and self.actor.logprobs)):
+                              ("old", "actor", self.need_old_logprobs and self.actor and self.actor.logprobs)):
             if fn:
                 shard = self._role_shard(role, samples)
                 mine[key] = {(s.prompt_index, s.sample_index): v for s, v in zip(shard, fn(shard))}
@@ -214,10 +220,10 @@ class RLRun:
             valid = torch.tensor([s.reward_valid for s in shard])
             mask = mask * valid[:, None]
             rewards = torch.tensor([s.reward if s.reward_valid else 0.0 for s in shard])
-            old = padded([s.old_logprobs for s in shard], R)
             token_rewards = torch.zeros_like(mask)
             kl = torch.zeros_like(mask)
-            if self.reference is not None or shard[0].ref_logprobs is not None:
+            if shard[0].ref_logprobs is not None and shard[0].old_logprobs is not None:
+                old = padded([s.old_logprobs for s in shard], R)
                 ref = padded([s.ref_logprobs for s in shard], R)
                 kl = compute_kl(old, ref, self.cfg.algo.kl_estimator, mask)
                 if not self.use_kl_loss:
@@ -308,14 +314,17 @@ class RLRun:
         t_gen = time.time() - t0
         raw = [s.reward for s in samples if s.reward_valid]
         self._normalise_rewards(samples)
+        t1 = time.time()
         self._infer(samples)
         metrics.update(self._advantages(samples))
+        t_infer = time.time() - t1
         role_metrics: dict[str, float] = {}
         if self.actor is not None and step >= self.cfg.train.freezing_actor_steps:
             role_metrics.update(self.actor.train(self._role_shard("actor", samples), step, self.kl_ctl.value,
                                                  self.use_kl_loss, self.agg_mode))
         if self.critic is not None:
             role_metrics.update(self.critic.train(self._role_shard("critic", samples), step))
+        t_train = time.time() - t1 - t_infer
         checksum = self.sync_weights()
         if self.cfg.log.check_weight_sync:
             if self.actor is not None and self.ctx.role_rank("actor") == 0:
@@ -326,14 +335,16 @@ class RLRun:
         for part in self._exchange(role_metrics if self.ctx.rank_in_world == 0 or self.cfg.log.check_weight_sync
                                    else {}):
             metrics.update(part)
-        self.kl_ctl.update(metrics.get("kl", 0.0), len(samples))
+        # the KL of the samples: measured in the loss when it is there, else before the advantages
+        self.kl_ctl.update(metrics.get("actor/kl_loss", metrics.get("kl", 0.0)), len(samples))
         lengths = [len(s.response_ids) for s in samples]
         metrics.update({
             "reward/mean": sum(raw) / max(len(raw), 1),
             "reward/invalid": float(sum(not s.reward_valid for s in samples)),
             "response_length/mean": sum(lengths) / len(lengths),
             "response_length/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
-            "kl_coef": self.kl_ctl.value, "time/generate_score_s": t_gen,
+            "kl_coef": self.kl_ctl.value, "time/generate_score_s": t_gen, "time/infer_advantages_s": t_infer,
+            "time/train_s": t_train,
             "time/weight_sync_s": self.last_sync_s, "time/step_s": time.time() - t0,
         })
         return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
