@@ -9,10 +9,11 @@ The scalar reward sits on each sample's last valid token (index 2, 1, 2, 0).
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
 import torch
+
+from _thread_ranks import thread_ranks
 
 from hpc_rlhf.algorithms import (ADVANTAGE_ESTIMATORS, contiguous_group_ids, discounted_returns,
                                  make_advantage_estimator, masked_mean_var, masked_whiten,
@@ -30,44 +31,6 @@ def rows(x, mask=MASK):
     """Valid entries of each row, as python lists (rounded)."""
     return [[round(float(v), 5) for v, m in zip(r, mr) if m > 0] for r, mr in zip(x, mask)]
 
-
-def thread_ranks(fns):
-    """Run fns[k](all_reduce) for k = 0..n-1 in n threads; all_reduce sums over the threads."""
-    n = len(fns)
-    barrier = threading.Barrier(n, timeout=20)
-    slots: list = [None] * n
-    results: list = [None] * n
-    errors: list = []
-
-    def make_all_reduce(rank):
-        def all_reduce(t):
-            slots[rank] = t.detach().clone()
-            barrier.wait()
-            total = slots[0].clone()
-            for s in slots[1:]:
-                total = total + s
-            barrier.wait()  # everyone has read the slots before anyone overwrites them
-            return total
-        return all_reduce
-
-    def body(rank):
-        try:
-            results[rank] = fns[rank](make_all_reduce(rank))
-        except BaseException as e:  # pragma: no cover - surfaced below
-            errors.append(e)
-            barrier.abort()
-
-    threads = [threading.Thread(target=body, args=(k,)) for k in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
-
-
-# ------------------------------------------------------------------ building blocks
 
 def test_outcome_token_rewards_puts_reward_on_last_valid_token():
     tok = torch.full((4, 3), -0.1)                      # also on padding: must be masked away

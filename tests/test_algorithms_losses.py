@@ -6,10 +6,11 @@ gradient does not depend on how the step is split over ranks and micro-batches.
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
 import torch
+
+from _thread_ranks import thread_ranks
 
 from hpc_rlhf.algorithms import (LOSS_AGGREGATIONS, POLICY_LOSSES, AdaptiveKLController,
                                  FixedKLController, StepNorm, aggregate, compute_kl,
@@ -17,42 +18,6 @@ from hpc_rlhf.algorithms import (LOSS_AGGREGATIONS, POLICY_LOSSES, AdaptiveKLCon
                                  policy_loss, value_loss)
 
 L = math.log
-
-
-def thread_ranks(fns):
-    """Run fns[k](all_reduce) for k = 0..n-1 in n threads; all_reduce sums over the threads."""
-    n = len(fns)
-    barrier = threading.Barrier(n, timeout=20)
-    slots: list = [None] * n
-    results: list = [None] * n
-    errors: list = []
-
-    def make_all_reduce(rank):
-        def all_reduce(t):
-            slots[rank] = t.detach().clone()
-            barrier.wait()
-            total = slots[0].clone()
-            for s in slots[1:]:
-                total = total + s
-            barrier.wait()
-            return total
-        return all_reduce
-
-    def body(rank):
-        try:
-            results[rank] = fns[rank](make_all_reduce(rank))
-        except BaseException as e:  # pragma: no cover
-            errors.append(e)
-            barrier.abort()
-
-    threads = [threading.Thread(target=body, args=(k,)) for k in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
 
 
 def _tokens(ratios, advs, pad=1):
