@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 
@@ -11,41 +12,51 @@ from ..rewards.types import RewardBatch
 from .experience import Experience
 
 
+def _on_tokens(scorer) -> Callable[[list[Experience]], RewardBatch]:
+    """A reward model reads the token ids (prompt + response), exactly as generated."""
+    def score(samples: list[Experience]) -> RewardBatch:
+        values = scorer.score_tokens([s.prompt_ids + s.response_ids for s in samples])
+        return RewardBatch(values, torch.ones(len(samples), dtype=torch.bool))
+    return score
+
+
+def _on_text(source) -> Callable[[list[Experience]], RewardBatch]:
+    """Reward functions and servers read text: query = prompt + response, with the label."""
+    def score(samples: list[Experience]) -> RewardBatch:
+        return source.score([s.prompt_text + s.response_text for s in samples], [s.prompt_text for s in samples],
+                            [s.label or "" for s in samples])
+    return score
+
+
 class RewardRole:
     def __init__(self, cfg: RLConfig, device):
         r = cfg.reward
         self.cfg = cfg
-        self.sources: list[tuple[str, object]] = []
+        self.sources: list[tuple[str, Callable[[list[Experience]], RewardBatch]]] = []
         if r.reward_pretrain:
             from ..rewards.model import RewardModelScorer
-            self.sources.append(("model", RewardModelScorer(r.reward_pretrain, dtype=cfg.model.param_dtype,
-                                                            device=str(device), batch_size=r.reward_batch_size)))
+            self.sources.append(("model", _on_tokens(RewardModelScorer(
+                r.reward_pretrain, dtype=cfg.model.param_dtype, device=str(device), batch_size=r.reward_batch_size))))
         if r.reward_func:
             from ..rewards.function import RewardFunction
-            self.sources.append(("func", RewardFunction(r.reward_func, batch_size=r.reward_batch_size,
-                                                        timeout_s=r.reward_timeout_s)))
+            self.sources.append(("func", _on_text(RewardFunction(r.reward_func, batch_size=r.reward_batch_size,
+                                                                 timeout_s=r.reward_timeout_s))))
         if r.remote_rm_url:
             from ..rewards.client import RemoteReward
             token = os.environ.get(r.remote_rm_token_env) if r.remote_rm_token_env else None
-            self.sources.append(("remote", RemoteReward(r.remote_rm_url, token=token, timeout_s=r.reward_timeout_s,
-                                                        batch_size=r.reward_batch_size)))
+            self.sources.append(("remote", _on_text(RemoteReward(r.remote_rm_url, token=token,
+                                                                 timeout_s=r.reward_timeout_s,
+                                                                 batch_size=r.reward_batch_size))))
         self.weights = r.reward_weights or [1.0] * len(self.sources)
         if len(self.weights) != len(self.sources):
             raise ValueError(f"reward.reward_weights has {len(self.weights)} values for {len(self.sources)} "
                              f"reward sources ({', '.join(n for n, _ in self.sources)})")
 
-    def _score(self, name: str, source, samples: list[Experience]) -> RewardBatch:
-        if name == "model":
-            scores = source.score_tokens([s.prompt_ids + s.response_ids for s in samples])
-            return RewardBatch(scores, torch.ones(len(samples), dtype=torch.bool))
-        queries = [s.prompt_text + s.response_text for s in samples]
-        return source.score(queries, [s.prompt_text for s in samples], [s.label or "" for s in samples])
-
     def score(self, samples: list[Experience]) -> tuple[list[float], list[bool], dict[str, float]]:
         """Raw combined rewards of ``samples`` with the length-based shaping applied."""
         if not samples:
             return [], [], {}
-        batch = combine([self._score(n, s, samples) for n, s in self.sources], self.weights)
+        batch = combine([score(samples) for _, score in self.sources], self.weights)
         rewards = batch.rewards.clone()
         r = self.cfg.reward
         if r.overlong_buffer_len:
