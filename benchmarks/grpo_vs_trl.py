@@ -111,6 +111,9 @@ def main() -> None:
     w = args.warmup
     trl_s = sum(trl_times[w:]) / len(trl_times[w:])
     ours_s = sum(ours[w:]) / len(ours[w:])
+    if args.breakdown:
+        print("trl step times", [round(t, 3) for t in trl_times], file=sys.stderr)
+        print("hpc_rlhf step times", [round(t, 3) for t in ours], file=sys.stderr)
     print(json.dumps({"benchmark": "grpo_vs_trl", "steps_timed": args.steps - w, "group_size": 8,
                       "max_new_tokens": 32, "trl_s_per_step": round(trl_s, 4), "hpc_rlhf_s_per_step": round(ours_s, 4),
                       "speedup": round(trl_s / ours_s, 2)}))
