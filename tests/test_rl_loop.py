@@ -78,12 +78,15 @@ def test_reward_model_remote_server_and_dynamic_filtering(assets):
                      algo={"advantage_estimator": "rloo"},
                      rollout={"dynamic_filtering": True, "n_samples_per_prompt": 2},
                      train={"max_steps": 2}, placement={"colocate_all": True})
+        cfg["data"]["eval_prompt_data"] = cfg["data"]["prompt_data"]
+        cfg["data"]["max_eval_prompts"] = 6
         metrics = run_rl(cfg, root, "all_rewards")
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         assert m["reward/remote/requests/0"] >= 1
         assert m["reward/invalid"] == 0
         assert "rollout/filtered_groups" in m and "rollout/filled_groups" in m
+    assert metrics[-1]["eval/prompts"] == 6 and "eval/reward_mean" in metrics[-1]  # greedy eval at the end
 
 
 def test_zero3_actor_ranks_broadcast_to_a_separate_rollout_rank(assets):

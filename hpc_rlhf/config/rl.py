@@ -13,8 +13,9 @@ class PromptDataConfig:
     prompt_data: list[str] = field(help="prompt data sources (same formats as SFT datasets)")
     prompt_data_probs: list[float] | None = field(None, help="mixing probabilities, one per source")
     prompt_split: str = field("train", help="split read from sources that have several")
-    eval_prompt_data: list[str] | None = field(None, help="held-out prompts; accuracy/reward logged every "
-                                                          "eval_steps")
+    eval_prompt_data: list[str] | None = field(None, help="held-out prompts: greedy responses scored by the "
+                                                          "reward sources, eval/reward_mean logged every "
+                                                          "eval_steps and at the end")
     max_eval_prompts: int | None = field(None, help="cap on eval prompts")
     input_key: str = field("input", help="column holding the prompt (a messages list with apply_chat_template)")
     label_key: str | None = field("label", help="column passed to reward functions as the label (null: none)")

@@ -13,6 +13,7 @@ one exchange over the control bridge, so the collectives line up without any RPC
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -127,13 +128,15 @@ class RLRun:
     def _role_shard(self, role: str, items: list[Experience]) -> list[Experience]:
         return shard_groups(items, len(self.ctx.plan.ranks_of(role)), self.ctx.role_rank(role))
 
-    def _generate(self, prompts: list[tuple[int, Prompt]], step: int, salt: int) -> list[Experience]:
+    def _generate(self, prompts: list[tuple[int, Prompt]], step: int, salt: int, greedy: bool = False
+                  ) -> list[Experience]:
         mine = []
         if self.rollout is not None:
             k = self.ctx.role_rank("rollout")
             n_ranks = len(self.ctx.plan.ranks_of("rollout"))
-            mine = self.rollout.generate(prompts[k::n_ranks], step, self.cfg.rollout.n_samples_per_prompt,
-                                         salt=salt)
+            n = 1 if greedy else self.cfg.rollout.n_samples_per_prompt
+            params = dataclasses.replace(self.rollout.params, temperature=0.0) if greedy else None
+            mine = self.rollout.generate(prompts[k::n_ranks], step, n, params=params, salt=salt)
         samples = [s for part in self._exchange(mine) for s in part]
         return sorted(samples, key=lambda s: (s.prompt_index, s.sample_index))
 
@@ -152,6 +155,15 @@ class RLRun:
             for k, v in e.items():
                 merged[k] = merged.get(k, 0.0) + v
         return merged
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy responses to the eval prompts, scored by the reward role: eval/reward_mean."""
+        samples = self._generate(list(enumerate(self.eval_prompts)), step, salt=0, greedy=True)
+        extra = self._score(samples)
+        valid = [s.reward for s in samples if s.reward_valid]
+        out = {"eval/reward_mean": sum(valid) / max(len(valid), 1), "eval/prompts": float(len(samples))}
+        out.update({f"eval/{k}": v for k, v in extra.items() if not k.endswith(("failures", "batches", "time_s"))})
+        return out
 
     def _step_prompts(self, step: int, round_: int, count: int) -> list[tuple[int, Prompt]]:
         """Round 0: the step's prompts; later rounds (dynamic filtering): replacements, seeded by the step."""
@@ -295,6 +307,9 @@ class RLRun:
         for step in range(start, self.total_steps):
             last = self.train_step(step)
             done = step + 1
+            if self.eval_prompts and (done == self.total_steps or
+                                      (cfg.log.eval_steps > 0 and done % cfg.log.eval_steps == 0)):
+                last.update(self.evaluate(step))
             if done % cfg.log.logging_steps == 0 or done == self.total_steps:
                 metrics_log.log(done, last)
             progress.update(done, {"loss": last.get("actor/loss", float("nan")), "lr": last.get("actor/lr", 0.0)},
