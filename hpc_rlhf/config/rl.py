@@ -152,7 +152,8 @@ class RLConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig, help="roles and ranks")
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
-    launch: LaunchConfig = field(default_factory=LaunchConfig, help="backend (the rank count comes from the plan)")
+    launch: LaunchConfig = field(default_factory=LaunchConfig, help="backend; launch.nproc stays 1 (the rank "
+                                                                    "count comes from the placement)")
 
     def validate(self) -> None:
         n = self.rollout.n_samples_per_prompt
@@ -160,6 +161,9 @@ class RLConfig:
             raise ConfigError(f"rollout_batch_size x n_samples_per_prompt = {self.rollout.rollout_batch_size * n} "
                               f"samples per step must be a multiple of train.train_batch_size "
                               f"({self.train.train_batch_size})")
+        if self.launch.nproc != 1:
+            raise ConfigError("launch.nproc does not apply to `train rl`: its rank count follows from the placement "
+                              "(placement.*_num_ranks and the colocate_* options)")
         if self.model.lora_rank > 0:
             raise ConfigError("model.lora_rank > 0 is not supported by `train rl` yet (LoRA weight sync to the "
                               "rollout engine comes with the vLLM work); train the full model")

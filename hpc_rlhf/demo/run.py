@@ -45,12 +45,12 @@ class DemoContext:
 
 
 def run_training(ctx: DemoContext, trainer: str, name: str, config: dict) -> Path:
-    """Write the stage's config file and run `hpc-rlhf train TRAINER --config FILE` on ctx.nproc ranks."""
+    """Write the stage's config file and run `hpc-rlhf train TRAINER --config FILE` as a user would."""
     path = ctx.out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     # A child process per stage, as a user would run it; no distributed state leaks between stages.
-    code = subprocess.call([sys.executable, "-m", "hpc_rlhf.cli", "train", trainer, "--config", str(path),
-                            f"launch.nproc={ctx.nproc}"], stdout=sys.stderr)
+    code = subprocess.call([sys.executable, "-m", "hpc_rlhf.cli", "train", trainer, "--config", str(path)],
+                           stdout=sys.stderr)
     if code != 0:
         raise RuntimeError(f"demo stage {name}: `hpc-rlhf train {trainer} --config {path}` exited with {code}")
     return Path(config["ckpt"]["save_path"])
@@ -76,6 +76,7 @@ def sft_stage(ctx: DemoContext) -> dict:
                   "weight_decay": 0.0, "seed": ctx.seed},
         "ckpt": {"save_path": str(save), "ckpt_path": str(ctx.out / "sft_ckpt")},
         "log": {"logging_steps": 20, "eval_steps": 200},
+        "launch": {"nproc": ctx.nproc},
     }
     t0 = time.time()
     model_dir = run_training(ctx, "sft", "sft", config)
