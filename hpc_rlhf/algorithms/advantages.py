@@ -242,10 +242,7 @@ class ReinforceBaseline(Reinforce):
     whitening.  Returns = those token returns."""
 
     name: ClassVar[str] = "reinforce_baseline"
-    kl_in_reward: ClassVar[bool] = True
     uses_groups: ClassVar[bool] = True
-    whiten: bool = True
-    eps: float = 1e-8
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
                 lambd=1.0, all_reduce=None):
@@ -264,10 +261,8 @@ class RLOO(Reinforce):
     the token rewards).  No whitening.  A group of one sample has no baseline: r̃ = 0."""
 
     name: ClassVar[str] = "rloo"
-    kl_in_reward: ClassVar[bool] = True
     uses_groups: ClassVar[bool] = True
     whiten: bool = False
-    eps: float = 1e-8
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
                 lambd=1.0, all_reduce=None):

@@ -9,8 +9,8 @@ from ..algorithms.policy_loss import entropy_from_logits, policy_loss
 from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import load_causal_lm
-from .experience import Experience, RLBatch, collate, gather_positions, padded, response_logprobs, unpadded
-from .training import chunks, optimizer_steps, run_optimizer_step
+from .experience import Experience, RLBatch, gather_positions, padded, response_logprobs
+from .training import optimizer_steps, per_sample, run_optimizer_step
 
 
 class Actor:
@@ -28,15 +28,9 @@ class Actor:
         return self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                            position_ids=batch.position_ids, use_cache=False).logits
 
-    @torch.no_grad()
     def logprobs(self, samples: list[Experience]) -> list[list[float]]:
-        out = []
-        self.engine.eval()
-        for part in chunks(samples, self.cfg.train.micro_train_batch_size):
-            batch = collate(part, self.pad_id, self.device)
-            out += unpadded(response_logprobs(self._logits(batch), batch, self.temperature), part)
-        self.engine.train()
-        return out
+        return per_sample(self.engine, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device,
+                          lambda batch: response_logprobs(self._logits(batch), batch, self.temperature))
 
     def _micro_loss(self, kl_coef: float, use_kl_loss: bool, agg_mode: str):
         algo = self.cfg.algo

@@ -8,8 +8,8 @@ from ..algorithms.value_loss import value_loss
 from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import resolve_pretrained
-from .experience import Experience, RLBatch, collate, gather_positions, padded, unpadded
-from .training import chunks, optimizer_steps, run_optimizer_step
+from .experience import Experience, RLBatch, gather_positions, padded
+from .training import optimizer_steps, per_sample, run_optimizer_step
 
 
 def load_value_model(path: str, dtype: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
@@ -40,15 +40,9 @@ class Critic:
         self.engine = build_engine(model, cfg.train, cfg.train.critic_learning_rate,
                                    cfg.model.param_dtype, total_optimizer_steps, world_size)
 
-    @torch.no_grad()
     def values(self, samples: list[Experience]) -> list[list[float]]:
-        out = []
-        self.engine.eval()
-        for part in chunks(samples, self.cfg.train.micro_train_batch_size):
-            batch = collate(part, self.pad_id, self.device)
-            out += unpadded(token_values(self.engine.module, batch), part)
-        self.engine.train()
-        return out
+        return per_sample(self.engine, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device,
+                          lambda batch: token_values(self.engine.module, batch))
 
     def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm):
         v = token_values(self.engine.module, batch)

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 
 from ..config.rl import RLConfig
 from ..models.loading import load_causal_lm
-from .experience import Experience, collate, response_logprobs, unpadded
-from .training import chunks
+from .experience import Experience, response_logprobs
+from .training import per_sample
 
 
 class Reference:
@@ -19,12 +18,9 @@ class Reference:
         self.cfg, self.pad_id, self.device = cfg, pad_id, device
         self.temperature = cfg.rollout.temperature or 1.0
 
-    @torch.no_grad()
     def logprobs(self, samples: list[Experience]) -> list[list[float]]:
-        out = []
-        for part in chunks(samples, self.cfg.train.micro_train_batch_size):
-            batch = collate(part, self.pad_id, self.device)
+        def fn(batch):
             logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                 position_ids=batch.position_ids, use_cache=False).logits
-            out += unpadded(response_logprobs(logits, batch, self.temperature), part)
-        return out
+            return response_logprobs(logits, batch, self.temperature)
+        return per_sample(self.model, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device, fn)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ..algorithms.aggregation import StepNorm
-from .experience import Experience, RLBatch, collate
+from .experience import Experience, RLBatch, collate, unpadded
 
 
 def world_sum(t: torch.Tensor) -> torch.Tensor:
@@ -20,6 +20,20 @@ def world_sum(t: torch.Tensor) -> torch.Tensor:
 
 def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+@torch.no_grad()
+def per_sample(module: torch.nn.Module, samples: list[Experience], micro: int, pad_id: int, device,
+               fn: Callable[[RLBatch], torch.Tensor]) -> list[list[float]]:
+    """``fn(batch)`` -> [B, R] over micro-batches in eval mode, returned per sample without padding."""
+    was_training = module.training
+    module.eval()
+    out: list[list[float]] = []
+    for part in chunks(samples, micro):
+        batch = collate(part, pad_id, device)
+        out += unpadded(fn(batch), part)
+    module.train(was_training)
+    return out
 
 
 def optimizer_steps(samples: list[Experience], per_rank_batch: int, micro: int, epochs: int, seed: int,
