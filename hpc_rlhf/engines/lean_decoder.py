@@ -1,11 +1,12 @@
 """A lean forward pass for llama-family decoders (llama, qwen2, mistral) during generation.
 
-Generating from a small model is bound by the Python work of each forward call (module wrappers,
-mask building, cache objects), not by arithmetic.  This decoder runs the same math as the
-transformers forward with a fraction of the calls: it reads the weights of the Hugging Face module
-in place (nothing is copied, so loading new weights into the module takes effect at once), keeps
-a preallocated key/value cache, and builds one attention mask per call.  Tests compare its logits
-with the transformers forward.
+Generating from a small model is bound by the number of tensor operations per forward call (module
+wrappers, mask building, cache objects, many small element-wise ops), not by arithmetic.  This
+decoder runs the same math as the transformers forward with a fraction of the operations: it reads
+the weights of the Hugging Face module in place (nothing is copied, so loading new weights into the
+module takes effect at once), keeps a preallocated key/value cache, looks rotary angles up in a
+table built once per batch, applies the rotation to queries and keys in one pass, and uses the fused
+RMS norm in float32.  Tests compare its logits with the transformers forward.
 """
 from __future__ import annotations
 
@@ -13,6 +14,15 @@ import torch
 import torch.nn.functional as F
 
 SUPPORTED = ("llama", "qwen2", "mistral")
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # angles depend on the position only
+
+
+def _rope_type(cfg) -> str:
+    for name in ("rope_parameters", "rope_scaling"):
+        params = getattr(cfg, name, None)
+        if isinstance(params, dict):
+            return params.get("rope_type", params.get("type", "default"))
+    return "default"
 
 
 def lean_supported(model: torch.nn.Module) -> bool:
@@ -24,17 +34,16 @@ def lean_supported(model: torch.nn.Module) -> bool:
         return False
     layer = model.model.layers[0]
     return (getattr(cfg, "hidden_act", "silu") == "silu" and getattr(cfg, "pretraining_tp", 1) == 1
+            and _rope_type(cfg) in STATIC_ROPE
             and hasattr(layer.mlp, "gate_proj") and hasattr(layer.self_attn, "q_proj"))
 
 
 def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """The Llama RMS norm: normalise in float32, cast back, then scale."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     var = x.float().pow(2).mean(-1, keepdim=True)
     return norm.weight * (x.float() * torch.rsqrt(var + norm.variance_epsilon)).to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class LeanDecoder:
@@ -49,38 +58,49 @@ class LeanDecoder:
         self.scale = self.head_dim ** -0.5
 
     def start(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Allocate the cache for ``batch`` rows of up to ``capacity`` positions."""
+        """Allocate the cache for ``batch`` rows of up to ``capacity`` positions, and the rotary table."""
         shape = (batch, self.kv_heads, capacity, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
         self.key_valid = torch.zeros((batch, capacity), dtype=torch.bool, device=device)
         self.length = 0
+        probe = torch.zeros((1, capacity, 1), dtype=dtype, device=device)
+        cos, sin = self.body.rotary_emb(probe, torch.arange(capacity, device=device)[None])
+        half = self.head_dim // 2
+        # rotate_half(x) * sin == roll(x, half) * signed_sin, with the first half of sin negated
+        self.cos, self.signed_sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+
+    def _mask(self, T: int, start: int, end: int, device) -> torch.Tensor:
+        if T == 1:  # one new token per row: it sees every valid cached key and itself
+            return self.key_valid[:, None, None, :end]
+        slots = torch.arange(start, end, device=device)
+        keys = torch.arange(end, device=device)
+        allowed = (keys[None, :] <= slots[:, None])[None] & self.key_valid[:, None, :end]
+        allowed |= keys[None, None, :] == slots[None, :, None]  # padded queries see themselves: no empty rows
+        return allowed[:, None]
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` [B, T] (``valid`` False on padding) and return the last position's logits [B, V]."""
         B, T = ids.shape
         start, end = self.length, self.length + T
         self.key_valid[:, start:end] = valid
-        slots = torch.arange(start, end, device=ids.device)
-        keys = torch.arange(end, device=ids.device)
-        allowed = (keys[None, :] <= slots[:, None])[None] & self.key_valid[:, None, :end]
-        allowed |= keys[None, None, :] == slots[None, :, None]  # padded queries see themselves: no empty rows
-        mask = allowed[:, None]
+        mask = self._mask(T, start, end, ids.device)
+        nq, nkv, D = self.heads, self.kv_heads, self.head_dim
+        cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, T, 1, D]
         h = self.body.embed_tokens(ids)
-        cos, sin = self.body.rotary_emb(h, positions)
-        cos, sin = cos[:, None], sin[:, None]
         for i, layer in enumerate(self.body.layers):
             attn = layer.self_attn
             x = _rms(h, layer.input_layernorm)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, T, self.heads, self.head_dim).transpose(1, 2)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            self.keys[i][:, :, start:end] = k
-            self.values[i][:, :, start:end] = v
-            o = F.scaled_dot_product_attention(q, self.keys[i][:, :, :end], self.values[i][:, :, :end], attn_mask=mask,
-                                               scale=self.scale, enable_gqa=self.kv_heads != self.heads)
+            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, T, nq, D)
+            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, T, nkv, D)
+            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, T, nkv, D)
+            qk = torch.cat((q, k), dim=2)
+            qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
+            self.keys[i][:, :, start:end] = qk[:, :, nq:].transpose(1, 2)
+            self.values[i][:, :, start:end] = v.transpose(1, 2)
+            o = F.scaled_dot_product_attention(qk[:, :, :nq].transpose(1, 2), self.keys[i][:, :, :end],
+                                               self.values[i][:, :, :end], attn_mask=mask, scale=self.scale,
+                                               enable_gqa=nkv != nq)
             h = h + F.linear(o.transpose(1, 2).reshape(B, T, -1), attn.o_proj.weight, attn.o_proj.bias)
             x = _rms(h, layer.post_attention_layernorm)
             mlp = layer.mlp
