@@ -1,5 +1,7 @@
 """Algorithm math: losses, advantage estimators, KL terms, loss aggregation, whitening.
 
+Also the preference (DPO family, KTO, SimPO, ORPO), reward-model and distillation losses.
+
 Everything here is a pure function of tensors (the KL controllers are the only state), so it can be
 tested on CPU without a model or a process group.  See docs/algorithms.md.
 """
@@ -7,10 +9,14 @@ from .advantages import (AdvantageEstimator, contiguous_group_ids, discounted_re
                          gae_advantages, group_mean_std, make_advantage_estimator,
                          outcome_token_rewards)
 from .aggregation import LOSS_AGGREGATIONS, StepNorm, aggregate
+from .distill import distill_loss
 from .kl import (KL_ESTIMATORS, AdaptiveKLController, FixedKLController, compute_kl,
                  kl_penalty_rewards, make_kl_controller)
 from .policy_loss import entropy_from_logits, policy_loss
+from .preference import (dpo_loss, kto_loss, kto_reference_point, orpo_loss, sequence_logprobs,
+                         simpo_loss)
 from .registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry
+from .reward_model_loss import pairwise_reward_loss, process_reward_loss
 from .value_loss import value_loss
 from .whiten import masked_mean, masked_mean_var, masked_whiten
 
@@ -23,4 +29,6 @@ __all__ = [
     "make_kl_controller",
     "entropy_from_logits", "policy_loss", "value_loss",
     "masked_mean", "masked_mean_var", "masked_whiten",
+    "sequence_logprobs", "dpo_loss", "simpo_loss", "orpo_loss", "kto_loss", "kto_reference_point",
+    "pairwise_reward_loss", "process_reward_loss", "distill_loss",
 ]
