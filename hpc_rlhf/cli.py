@@ -23,7 +23,7 @@ def _import(spec: str):
 
 
 def setup_logging() -> None:
-    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    rank = os.environ.get("RANK", "0")
     level = logging.INFO if rank == "0" else logging.WARNING
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
@@ -32,18 +32,54 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def load_trainer_config(trainer: str, config_path: str | None, overrides: list[str]):
+    """The trainer's config and, for trainers that have one, its placement plan (else None)."""
+    config_cls, _ = TRAINERS[trainer]
+    cfg = load_config(_import(config_cls), config_path, overrides)
+    plan = _import(PLANNED[trainer])(cfg) if trainer in PLANNED else None
+    return cfg, plan
+
+
+def run_trainer(trainer: str, config_path: str | None, overrides: list[str]) -> dict:
+    """One rank's whole run.  A run stopped by a signal (preemption, time limit) has written its
+    checkpoint; its leader requeues the SLURM job when asked to, and every rank exits with code 3."""
+    from .launch.preemption import EXIT_STOPPED, RunStopped, requeue_job
+    cfg, _ = load_trainer_config(trainer, config_path, overrides)
+    try:
+        return _import(TRAINERS[trainer][1])(cfg)
+    except RunStopped as stopped:
+        logging.getLogger("hpc_rlhf").warning("%s", stopped)
+        if stopped.requeue and stopped.leader:
+            requeue_job()
+        raise SystemExit(EXIT_STOPPED) from None
+
+
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from .launch.local import already_launched, launch_local
-    config_cls, runner = TRAINERS[args.trainer]
-    cfg = load_config(_import(config_cls), args.config, rest)
+    cfg, plan = load_trainer_config(args.trainer, args.config, rest)
     nproc, describe = cfg.launch.nproc, None
-    if args.trainer in PLANNED:
-        plan = _import(PLANNED[args.trainer])(cfg)
+    if plan is not None:
         nproc, describe = plan.world_size, lambda r: "roles " + "+".join(plan.roles_of(r))
     if nproc > 1 and not already_launched():
         return launch_local(["train", args.trainer, *(["--config", args.config] if args.config else []), *rest],
                             nproc, describe=describe)
-    _import(runner)(cfg)
+    run_trainer(args.trainer, args.config, rest)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, rest: list[str]) -> int:
+    from .launch.plan import run_plan
+    cfg, plan = load_trainer_config(args.trainer, args.config, rest)
+    return run_plan(args.trainer, cfg, plan, args.config, rest)
+
+
+def cmd_submit(args: argparse.Namespace, rest: list[str]) -> int:
+    from .launch.submit import submit
+    job = submit(args.trainer, args.config, rest, folder=args.folder)
+    print(f"submitted SLURM job {job.job_id} (submitit folder {job.paths.folder})")
+    if args.wait:
+        results = job.results()
+        print(f"job {job.job_id} finished: {results[0]}")
     return 0
 
 
@@ -82,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="YAML config file; key=value or --key value arguments override it")
     t.set_defaults(func=cmd_train, takes_rest=True)
 
+    for name, func, what in (("plan", cmd_plan, "print the placement, memory per role and sbatch script; "
+                                                 "submits nothing"),
+                             ("submit", cmd_submit, "submit the job to SLURM through submitit")):
+        c = sub.add_parser(name, help=f"{what}: hpc-rlhf {name} rl --config FILE [key=value ...]")
+        c.add_argument("trainer", choices=sorted(TRAINERS))
+        c.add_argument("--config", help="YAML config file (its `slurm` section sets resources); key=value overrides")
+        if name == "submit":
+            c.add_argument("--folder", help="submitit folder (default: slurm.log_dir/submitit)")
+            c.add_argument("--wait", action="store_true", help="wait for the job and print rank 0's final metrics")
+        c.set_defaults(func=func, takes_rest=True)
+
     o = sub.add_parser("options", help="print the option reference (docs/options.md)")
     o.add_argument("--write", action="store_true", help="rewrite docs/options.md")
     o.set_defaults(func=cmd_options)
@@ -107,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .launch.slurm_env import adopt_slurm_rendezvous
+    adopt_slurm_rendezvous()  # inside an srun step: RANK, WORLD_SIZE, MASTER_ADDR/PORT from SLURM
     setup_logging()
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)

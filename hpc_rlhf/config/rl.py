@@ -6,6 +6,7 @@ from typing import Literal
 
 from .base import ConfigError, field
 from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig, OptimizerConfig
+from .slurm import SlurmConfig
 
 
 @dataclass
@@ -154,6 +155,8 @@ class RLConfig:
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="backend; launch.nproc stays 1 (the rank "
                                                                     "count comes from the placement)")
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, help="SLURM job: resources per role, preemption, "
+                                                               "requeue")
 
     def validate(self) -> None:
         n = self.rollout.n_samples_per_prompt

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from .base import field
 from .sections import CheckpointConfig, DataConfig, LaunchConfig, LogConfig, ModelConfig, TrainConfig
+from .slurm import SlurmConfig
 
 
 @dataclass
@@ -15,3 +16,4 @@ class SFTConfig:
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, help="SLURM job: resources, preemption, requeue")

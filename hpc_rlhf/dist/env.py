@@ -1,8 +1,8 @@
 """Where this process sits: rank, world size and rendezvous, read from the launcher's environment.
 
 The local launcher and torchrun set RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT.
-Under SLURM (srun) the same facts come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; the SLURM
-launcher exports MASTER_ADDR / MASTER_PORT for the job.  A plain `python` run is rank 0 of 1.
+Under srun the command line entry point first derives the same variables from the SLURM environment
+(``launch.slurm_env.adopt_slurm_rendezvous``).  A plain `python` run is rank 0 of 1.
 """
 from __future__ import annotations
 
@@ -31,8 +31,6 @@ def read_env(environ: dict | None = None) -> DistEnv:
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, world, local = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0))
-    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "MASTER_ADDR" in env:
-        rank, world, local = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0))
     else:
         rank, world, local = 0, 1, 0
     return DistEnv(rank, world, local, env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)))

@@ -21,8 +21,9 @@ def free_port() -> int:
 
 
 def already_launched() -> bool:
-    """True when this process is one rank of a launched group (ours, torchrun's or srun's)."""
-    return "RANK" in os.environ or ("SLURM_PROCID" in os.environ and "MASTER_ADDR" in os.environ)
+    """True when this process is one rank of a launched group (ours, torchrun's or an srun step's)."""
+    from .slurm_env import in_slurm_step
+    return "RANK" in os.environ or in_slurm_step()
 
 
 def launch_local(argv: list[str], nproc: int, grace_s: float = 10.0, describe=None) -> int:

@@ -19,6 +19,7 @@ import math
 import time
 
 import torch
+import torch.distributed as dist
 
 from ..algorithms.advantages import make_advantage_estimator
 from ..algorithms.kl import compute_kl, kl_penalty_rewards, make_kl_controller
@@ -36,6 +37,8 @@ from ..dist.weight_sync import actor_buckets, receive_weights, send_weights, unp
 from ..dist.worlds import RoleContext, join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
 from ..engines.rollout import tensor_checksum
+from ..launch.preemption import NONE, STOP_AND_REQUEUE, RunStopped, StopRequest
+from ..launch.slurm_env import restart_count
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 from ..models.loading import load_tokenizer, resolve_pretrained
@@ -66,8 +69,8 @@ def plan_from_config(cfg: RLConfig) -> PlacementPlan:
 
 
 class RLRun:
-    def __init__(self, cfg: RLConfig, ctx: RoleContext):
-        self.cfg, self.ctx = cfg, ctx
+    def __init__(self, cfg: RLConfig, ctx: RoleContext, stop: StopRequest):
+        self.cfg, self.ctx, self.stop = cfg, ctx, stop
         self.is_main = ctx.global_rank == 0
         seed_everything(cfg.train.seed)
         self.device = device_for(read_env())
@@ -314,8 +317,14 @@ class RLRun:
                 metrics_log.log(done, last)
             progress.update(done, {"loss": last.get("actor/loss", float("nan")), "lr": last.get("actor/lr", 0.0)},
                             done % cfg.log.logging_steps == 0)
-            if cfg.ckpt.save_steps > 0 and done % cfg.ckpt.save_steps == 0 and done < self.total_steps:
+            decision = int(self.ctx.control.all_reduce(torch.tensor([self.stop.code()]), dist.ReduceOp.MAX)[0])
+            stopping = decision != NONE and done < self.total_steps  # every role stops at the same step
+            if done < self.total_steps and (stopping or (cfg.ckpt.save_steps > 0 and done % cfg.ckpt.save_steps == 0)):
                 self.save(done)
+            if stopping:
+                progress.close()
+                metrics_log.close()
+                raise RunStopped(done, decision == STOP_AND_REQUEUE, self.ctx.global_rank == 0)
         progress.close()
         metrics_log.close()
         if self.actor is not None:
@@ -372,7 +381,7 @@ class RLRun:
                         self.cfg.ckpt.max_ckpt_num, rank=self.ctx.global_rank, barrier=self.ctx.control.barrier)
 
     def _maybe_resume(self) -> int:
-        if not self.cfg.ckpt.load_checkpoint:
+        if not (self.cfg.ckpt.load_checkpoint or restart_count() > 0):  # a requeued job always resumes
             return 0
         path = latest_checkpoint(self.cfg.ckpt.ckpt_path)
         if path is None:
@@ -391,10 +400,16 @@ def run_rl(cfg: RLConfig) -> dict[str, float]:
     configure_deepspeed_env()
     plan = plan_from_config(cfg)
     ctx = join(plan, cfg.launch.backend, cfg.placement.collective_timeout_s, cfg.placement.dead_rank_timeout_s)
+    stop = StopRequest.from_config(cfg.slurm)
     try:
-        result = RLRun(cfg, ctx).run()
+        result = RLRun(cfg, ctx, stop).run()
+    except RunStopped:
+        leave(ctx)
+        raise
     except Exception:
         ctx.watchdog.explain_failure()  # a dead peer is the usual cause: name it rather than gloo's error
         raise
+    finally:
+        stop.restore()
     leave(ctx)
     return result

@@ -18,6 +18,8 @@ from ..data.packing import Batch, collate_packed, collate_padded, packed_attenti
 from ..data.sft import Sample, load_sft_data
 from ..dist.env import DistEnv, device_for, init_distributed, shutdown
 from ..engines.deepspeed_strategy import build_engine, configure_deepspeed_env
+from ..launch.preemption import STOP_AND_REQUEUE, RunStopped, StopRequest
+from ..launch.slurm_env import restart_count
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 from ..models.loading import check_packing, load_causal_lm, load_tokenizer, resolve_pretrained
@@ -107,13 +109,15 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     """Train, log, checkpoint and export; returns the last logged metrics (on every rank)."""
     configure_deepspeed_env()
     de = init_distributed(cfg.launch.backend)
+    stop = StopRequest.from_config(cfg.slurm)
     try:
-        return _run(cfg, de)
+        return _run(cfg, de, stop)
     finally:
+        stop.restore()
         shutdown()
 
 
-def _run(cfg: SFTConfig, de: DistEnv) -> dict[str, float]:
+def _run(cfg: SFTConfig, de: DistEnv, stop: StopRequest) -> dict[str, float]:
     t_start = time.time()
     seed_everything(cfg.train.seed)
     if cfg.train.train_batch_size % de.world_size:
@@ -141,7 +145,7 @@ def _run(cfg: SFTConfig, de: DistEnv) -> dict[str, float]:
     maker = BatchMaker(cfg, tokenizer.pad_token_id, dtype, device_for(de))
 
     start = 0
-    if cfg.ckpt.load_checkpoint:
+    if cfg.ckpt.load_checkpoint or restart_count() > 0:  # a requeued job always resumes
         path = latest_checkpoint(cfg.ckpt.ckpt_path)
         if path is not None:
             state = load_checkpoint({"model": engine}, path)
@@ -172,8 +176,15 @@ def _run(cfg: SFTConfig, de: DistEnv) -> dict[str, float]:
         if done % cfg.log.logging_steps == 0 or done == total_steps:
             metrics_log.log(done, metrics)
         progress.update(done, metrics, done % cfg.log.logging_steps == 0)
-        if cfg.ckpt.save_steps > 0 and done % cfg.ckpt.save_steps == 0 and done < total_steps:
+        (decision,) = _all_reduce([stop.code()], dist.ReduceOp.MAX)  # every rank stops at the same step
+        stopping = bool(decision) and done < total_steps
+        periodic = cfg.ckpt.save_steps > 0 and done % cfg.ckpt.save_steps == 0 and done < total_steps
+        if stopping or periodic:
             save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, done, {"step": done}, cfg.ckpt.max_ckpt_num)
+        if stopping:
+            progress.close()
+            metrics_log.close()
+            raise RunStopped(done, decision == STOP_AND_REQUEUE, de.is_main)
     progress.close()
     if eval_set and "eval_loss" not in metrics:
         metrics["eval_loss"] = evaluate(engine, maker, eval_set, de)

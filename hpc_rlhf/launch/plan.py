@@ -1,0 +1,84 @@
+"""`hpc-rlhf plan`: the placement, the memory per role and the sbatch script of a job; submits nothing."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from . import memory
+from .job import Component, components, is_hetjob
+from .sbatch import render
+
+
+def train_command(cfg, trainer: str, config_path: str | None, overrides: list[str]) -> list[str]:
+    cmd = [cfg.slurm.python, "-m", "hpc_rlhf.cli", "train", trainer]
+    if config_path:
+        cmd += ["--config", str(Path(config_path).resolve())]
+    return cmd + list(overrides)
+
+
+def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
+    """Bytes per rank of each role (see launch.memory for what is counted)."""
+    m, t = cfg.model, cfg.train
+    actor = memory.model_shape(m.pretrain)
+    lora = m.lora_rank > 0
+    if plan is None:
+        return {"actor": memory.trained(actor, m.param_dtype, t.zero_stage, cfg.launch.nproc, lora, t.adam_offload,
+                                        t.micro_train_batch_size, cfg.data.max_len, m.gradient_checkpointing)}
+    seq = cfg.data.prompt_max_len + cfg.rollout.generate_max_len
+    out = {}
+    for role in ("actor", "critic"):
+        if plan.has(role):
+            path = m.pretrain if role == "actor" else (cfg.critic_pretrain or cfg.reward.reward_pretrain or m.pretrain)
+            shape = actor if path == m.pretrain else memory.model_shape(path)
+            out[role] = memory.trained(shape, m.param_dtype, t.zero_stage, len(plan.ranks_of(role)), lora and role == "actor",
+                                       t.adam_offload, t.micro_train_batch_size, seq, m.gradient_checkpointing)
+    if plan.has("reference"):
+        out["reference"] = memory.frozen(memory.model_shape(cfg.ref_pretrain or m.pretrain), m.param_dtype)
+    if plan.has("reward"):
+        out["reward"] = (memory.frozen(memory.model_shape(cfg.reward.reward_pretrain), m.param_dtype)
+                         if cfg.reward.reward_pretrain else {})
+    if plan.has("rollout"):
+        r = cfg.rollout
+        per_rank = -(-r.rollout_batch_size * r.n_samples_per_prompt // len(plan.ranks_of("rollout")))
+        out["rollout"] = memory.generating(actor, m.param_dtype, min(per_rank, r.max_batch_size), seq)
+    return out
+
+
+def _component_line(c: Component, width: int) -> str:
+    r = c.resources
+    device = f"{r.gpus_per_task} GPU + {r.cpus_per_task} CPU per task" if r.gpus_per_task else \
+        f"{r.cpus_per_task} CPU per task"
+    last = c.first_rank + c.ntasks - 1
+    where = f"{r.nodes} node(s)" if r.nodes else "nodes chosen by SLURM"
+    part = f", partition {r.partition}" if r.partition else ""
+    return f"  {c.name:<{width}}  ranks {c.first_rank}-{last} ({c.ntasks} tasks)  {device}, {where}{part}"
+
+
+def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[str]) -> str:
+    comps = components(cfg, plan)
+    het = is_hetjob(comps, cfg.slurm.hetjob)
+    lines = [f"hpc-rlhf plan: train {trainer}, {sum(c.ntasks for c in comps)} ranks, "
+             f"{'heterogeneous' if het else 'homogeneous'} job", "", "placement (role group -> ranks, devices):"]
+    width = max(len(c.name) for c in comps)
+    lines += [_component_line(c, width) for c in comps]
+    lines += ["", "memory per rank (estimate; see hpc_rlhf/launch/memory.py for what is counted):"]
+    try:
+        per_role = role_memory(cfg, plan)
+    except (OSError, ValueError) as exc:  # the model folder may not exist yet (e.g. an SFT still to run)
+        per_role = {}
+        lines.append(f"  unknown: {exc}")
+    for role, parts in per_role.items():
+        if not parts:
+            lines.append(f"  {role:<10} no model (reward functions / remote reward only)")
+            continue
+        detail = ", ".join(f"{k} {memory.gib(v)}" for k, v in parts.items())
+        lines.append(f"  {role:<10} {memory.gib(sum(v for k, v in parts.items() if 'CPU' not in k)):>10}  ({detail})")
+    log_dir = str(Path(cfg.slurm.log_dir).resolve())
+    lines += ["", "sbatch script (`hpc-rlhf submit` submits this; save it and run `sbatch` yourself if you like):",
+              "", render(comps, cfg.slurm, train_command(cfg, trainer, config_path, overrides), log_dir)]
+    return "\n".join(lines)
+
+
+def run_plan(trainer: str, cfg, plan, config_path: str | None, overrides: list[str]) -> int:
+    sys.stdout.write(describe(cfg, trainer, plan, config_path, overrides))
+    return 0

@@ -1,0 +1,76 @@
+"""Preemption and time limits: signals only set a flag; trainers act on it at a step boundary.
+
+A signal can arrive in any rank at any moment, in the middle of a collective.  The handler does
+nothing but record it.  At the end of each step the trainer asks every rank (one small all-reduce
+of ``StopRequest.code()``, maximum over ranks), so all roles see the same decision at the same step:
+write a checkpoint, leave the process groups, raise ``RunStopped``.  The command line entry point
+turns that into exit code ``EXIT_STOPPED``, after the leader asked SLURM to requeue the job when
+the signal was one of the requeue signals (the time-limit warning of ``sbatch --signal``); SLURM
+requeues a preempted job on its own after its SIGTERM.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+
+log = logging.getLogger("hpc_rlhf.preemption")
+
+EXIT_STOPPED = 3
+NONE, STOP, STOP_AND_REQUEUE = 0, 1, 2
+
+
+class RunStopped(Exception):
+    """Raised on every rank after the checkpoint of the step at which the ranks agreed to stop."""
+
+    def __init__(self, step: int, requeue: bool, leader: bool):
+        super().__init__(f"stopped by a signal after step {step} (checkpoint written)"
+                         + ("; requeue requested" if requeue else ""))
+        self.step, self.requeue, self.leader = step, requeue, leader
+
+
+class StopRequest:
+    def __init__(self, stop_signals: list[str], requeue_signals: list[str]):
+        self.requeue_signals = set(requeue_signals)
+        self.received: str | None = None
+        self._previous = {}
+        for name in stop_signals:
+            sig = getattr(signal, f"SIG{name}")
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    @classmethod
+    def from_config(cls, slurm_cfg) -> "StopRequest":
+        return cls(slurm_cfg.stop_signals, slurm_cfg.requeue_signals if slurm_cfg.requeue else [])
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        if self.received is None or name in self.requeue_signals:
+            self.received = name
+
+    def code(self) -> int:
+        """This rank's vote: NONE, STOP, or STOP_AND_REQUEUE (ranks agree on the maximum)."""
+        if self.received is None:
+            return NONE
+        return STOP_AND_REQUEUE if self.received in self.requeue_signals else STOP
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+def requeue_job(job_id: str | None = None) -> bool:
+    """``scontrol requeue`` this SLURM job; False (and a log line) when that is not possible."""
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        log.warning("a requeue was requested but this is not a SLURM job; not requeued")
+        return False
+    try:
+        subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        log.error("scontrol requeue %s failed: %s", job_id, str(detail).strip())
+        return False
+    log.warning("requeued SLURM job %s; it resumes from the checkpoint when it starts again", job_id)
+    return True

@@ -1,0 +1,81 @@
+"""The sbatch script of a job: allocation, environment set-up, one srun step running every rank.
+
+Homogeneous: one allocation of all tasks, one srun.  Heterogeneous: one `#SBATCH hetjob` block per
+component with its own resources, and one srun with a `--het-group` part per component (colon
+syntax), so a single step spans all roles: SLURM_PROCID then counts over all components, which is
+exactly the global rank of the placement plan.
+
+Per (re)start of the job the ranks log into LOG_DIR/JOBID/attempt-N/<component>-<task>.log (the
+task number is SLURM's within the component); the batch script's own output goes to
+LOG_DIR/JOBID.out, appended across restarts.
+"""
+from __future__ import annotations
+
+import shlex
+
+from ..config.slurm import SlurmConfig
+from .job import Component, is_hetjob
+
+
+def _header(slurm: SlurmConfig, log_dir: str) -> list[str]:
+    lines = [f"--job-name={slurm.job_name}", f"--time={slurm.time}", f"--output={log_dir}/%j.out",
+             "--open-mode=append", "--requeue" if slurm.requeue else "--no-requeue"]
+    if slurm.signal_before_end_s:
+        lines.append(f"--signal=USR1@{slurm.signal_before_end_s}")
+    for key in ("account", "qos"):
+        if getattr(slurm, key):
+            lines.append(f"--{key}={getattr(slurm, key)}")
+    return lines
+
+
+def _allocation(comps: list[Component], slurm: SlurmConfig, log_dir: str, het: bool) -> list[str]:
+    out: list[str] = []
+    if het:
+        per_component = [f"--time={slurm.time}"]
+        if slurm.signal_before_end_s:
+            per_component.append(f"--signal=USR1@{slurm.signal_before_end_s}")
+        for i, c in enumerate(comps):
+            if i:
+                out.append("#SBATCH hetjob")
+            opts = (_header(slurm, log_dir) if i == 0 else per_component) + [f"--ntasks={c.ntasks}"]
+            out.append(f"#SBATCH {' '.join(opts + c.resources.sbatch_options())}   # {c.name}")
+        return out
+    total = sum(c.ntasks for c in comps)
+    res = comps[0].resources
+    nodes = [c.resources.nodes for c in comps]
+    opts = [o for o in res.sbatch_options() if not o.startswith("--nodes")]
+    if all(nodes):
+        opts.insert(0, f"--nodes={sum(nodes)}")
+    out.append(f"#SBATCH {' '.join(_header(slurm, log_dir))}")
+    out.append(f"#SBATCH --ntasks={total} {' '.join(opts)}")
+    return out
+
+
+def render(comps: list[Component], slurm: SlurmConfig, command: list[str], log_dir: str) -> str:
+    """The job script; ``command`` is what every task runs (argv, quoted here)."""
+    het = is_hetjob(comps, slurm.hetjob)
+    cmd = " ".join(shlex.quote(a) for a in command)
+    lines = ["#!/bin/bash",
+             f"# Written by hpc-rlhf ({'heterogeneous' if het else 'homogeneous'} job: "
+             + ", ".join(f"{c.name} x{c.ntasks}" for c in comps) + ").",
+             *_allocation(comps, slurm, log_dir, het),
+             "set -euo pipefail",
+             "",
+             "# ---- environment: module load ..., source .venv/bin/activate, container set-up ----",
+             *(slurm.setup or ["# (none: slurm.setup in the config adds lines here)"]),
+             "# -------------------------------------------------------------------------------------",
+             ""]
+    if slurm.hf_offline:
+        lines.append("export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1")
+    lines += [f'ATTEMPT_DIR="{log_dir}/${{SLURM_JOB_ID}}/attempt-${{SLURM_RESTART_COUNT:-0}}"',
+              'mkdir -p "$ATTEMPT_DIR"',
+              'echo "hpc-rlhf: job $SLURM_JOB_ID attempt ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST,'
+              ' rank logs in $ATTEMPT_DIR"']
+    lines.append(f"CMD=({cmd})")
+    common = "--kill-on-bad-exit=1 --unbuffered"
+    if het:
+        parts = [f'--het-group={i} --output="$ATTEMPT_DIR/{c.name}-%t.log" "${{CMD[@]}}"' for i, c in enumerate(comps)]
+        lines.append(f"srun {common} " + " \\\n  : ".join(parts))
+    else:
+        lines.append(f'srun {common} --output="$ATTEMPT_DIR/rank-%t.log" "${{CMD[@]}}"')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,82 @@
+"""`hpc-rlhf submit` and the Python API behind `launchers/*.py`: submission through submitit.
+
+submitit writes its own single-component sbatch script and has no heterogeneous jobs (its issue
+1741).  We keep submitit for what it is good at (pickling the call, sbatch, tracking the job with
+sacct, collecting each task's result) and replace only the script: `HpcRlhfExecutor` renders the
+same script as `hpc-rlhf plan` (hetjob blocks, per-role resources, set-up lines, requeue and signal
+options), with submitit's task command in place of `hpc-rlhf train`.  Two more adjustments make
+submitit follow a heterogeneous job:
+- sacct reports the components as JOBID+0, JOBID+1, ...: component 0 is read as the job itself.
+- the task count is the sum over the components (SLURM_PROCID counts across them in the step).
+A run stopped by a signal exits with code 3 after its checkpoint without writing a result, so the
+submitit job stays pending while SLURM requeues it, and `job.results()` returns the final metrics
+of every rank once the requeued job finishes.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import submitit
+from submitit.slurm import slurm as submitit_slurm
+
+from .job import Component
+from .sbatch import render
+
+
+class HetAwareWatcher(submitit_slurm.SlurmInfoWatcher):
+    def read_info(self, string):
+        if not isinstance(string, str):
+            string = string.decode()
+        lines = [re.sub(r"^(\d+)\+0(?=[.|])", r"\1", line) for line in string.splitlines()]
+        return super().read_info("\n".join(line for line in lines if not re.match(r"^\d+\+\d+", line)))
+
+
+class HpcRlhfJob(submitit_slurm.SlurmJob):
+    watcher = HetAwareWatcher(delay_s=600)
+
+
+class HpcRlhfExecutor(submitit.SlurmExecutor):
+    job_class = HpcRlhfJob
+
+    def __init__(self, folder: str | Path, comps: list[Component], slurm_cfg, log_dir: str):
+        super().__init__(folder=folder, max_num_timeout=10 ** 6)  # requeues are ours to decide, not submitit's
+        self.comps, self.slurm_cfg, self.log_dir = comps, slurm_cfg, log_dir
+
+    def _num_tasks(self) -> int:
+        return sum(c.ntasks for c in self.comps)
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        script = render(self.comps, self.slurm_cfg, shlex.split(command), self.log_dir)
+        return script.replace("set -euo pipefail\n", "set -euo pipefail\nexport SUBMITIT_EXECUTOR=slurm\n", 1)
+
+
+@dataclass
+class TrainTask:
+    """What every task of the job runs: one rank of `hpc-rlhf train TRAINER`."""
+    trainer: str
+    config_path: str | None
+    overrides: list[str] = field(default_factory=list)
+
+    def __call__(self) -> dict:
+        from ..cli import run_trainer, setup_logging
+        from .slurm_env import adopt_slurm_rendezvous
+        adopt_slurm_rendezvous()
+        setup_logging()
+        return run_trainer(self.trainer, self.config_path, self.overrides)
+
+
+def submit(trainer: str, config_path: str | None, overrides: list[str] | None = None,
+           folder: str | Path | None = None) -> HpcRlhfJob:
+    """Submit `hpc-rlhf train TRAINER` with the config's `slurm` section; returns the submitit job."""
+    from ..cli import load_trainer_config
+    overrides = list(overrides or [])
+    cfg, plan = load_trainer_config(trainer, config_path, overrides)
+    from .job import components
+    log_dir = str(Path(cfg.slurm.log_dir).resolve())
+    folder = Path(folder or Path(log_dir) / "submitit")
+    config_path = str(Path(config_path).resolve()) if config_path else None
+    executor = HpcRlhfExecutor(folder, components(cfg, plan), cfg.slurm, log_dir)
+    return executor.submit(TrainTask(trainer, config_path, overrides))
