@@ -11,7 +11,12 @@ from .data.rows import DataError
 from .models.loading import HubOfflineError
 
 TRAINERS = {"sft": ("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.sft:run_sft"),
-            "rl": ("hpc_rlhf.config.rl:RLConfig", "hpc_rlhf.trainers.rl:run_rl")}
+            "rl": ("hpc_rlhf.config.rl:RLConfig", "hpc_rlhf.trainers.rl:run_rl"),
+            "rm": ("hpc_rlhf.config.preference:RMConfig", "hpc_rlhf.trainers.preference:run_preference"),
+            "dpo": ("hpc_rlhf.config.preference:DPOConfig", "hpc_rlhf.trainers.preference:run_preference"),
+            "kto": ("hpc_rlhf.config.preference:KTOConfig", "hpc_rlhf.trainers.preference:run_preference"),
+            "simpo": ("hpc_rlhf.config.preference:SimPOConfig", "hpc_rlhf.trainers.preference:run_preference"),
+            "orpo": ("hpc_rlhf.config.preference:ORPOConfig", "hpc_rlhf.trainers.preference:run_preference")}
 # Trainers whose rank count follows from their placement plan rather than launch.nproc.
 PLANNED = {"rl": "hpc_rlhf.trainers.rl:plan_from_config"}
 
@@ -156,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from .launch.slurm_env import adopt_slurm_rendezvous
     adopt_slurm_rendezvous()  # inside an srun step: RANK, WORLD_SIZE, MASTER_ADDR/PORT from SLURM
+    from .engines.deepspeed_strategy import configure_deepspeed_env
+    configure_deepspeed_env()  # before anything imports DeepSpeed (it prints to stdout when it guesses)
     setup_logging()
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)

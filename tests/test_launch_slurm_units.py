@@ -1,0 +1,132 @@
+"""SLURM launch pieces that need no cluster: host lists, rendezvous, signals, job script, plan, memory."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from hpc_rlhf.config import load_config
+from hpc_rlhf.config.rl import RLConfig
+from hpc_rlhf.config.sft import SFTConfig
+from hpc_rlhf.launch import memory
+from hpc_rlhf.launch.job import components, is_hetjob
+from hpc_rlhf.launch.preemption import NONE, STOP, STOP_AND_REQUEUE, StopRequest
+from hpc_rlhf.launch.sbatch import render
+from hpc_rlhf.launch.slurm_env import expand_hostlist, in_slurm_step, rendezvous_port, slurm_rendezvous
+
+
+def test_expand_hostlist():
+    assert expand_hostlist("node1") == ["node1"]
+    assert expand_hostlist("gpu[01-03,7],cpu5") == ["gpu01", "gpu02", "gpu03", "gpu7", "cpu5"]
+    assert expand_hostlist("a[8-10]-ib") == ["a8-ib", "a9-ib", "a10-ib"]
+
+
+# What the tasks of a 2+1 heterogeneous step saw on the local cluster (Slurm 22.05).
+HET_TASK = {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0",
+            "SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_STEP_NODELIST": "node[1-2]",
+            "SLURM_JOB_NODELIST_HET_GROUP_0": "node1", "SLURM_JOB_NODELIST_HET_GROUP_1": "node2",
+            "SLURM_CPUS_PER_TASK": "2"}
+
+
+def test_rendezvous_from_a_het_step():
+    got = slurm_rendezvous(HET_TASK)
+    assert got == {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_ADDR": "node1",
+                   "MASTER_PORT": str(rendezvous_port(41, 0, 0)), "OMP_NUM_THREADS": "2"}
+    again = slurm_rendezvous(dict(HET_TASK, SLURM_RESTART_COUNT="1"))
+    assert again["MASTER_PORT"] != got["MASTER_PORT"]  # a restarted job does not meet its old sockets
+    assert 20000 <= int(again["MASTER_PORT"]) < 40000
+    assert slurm_rendezvous(dict(HET_TASK, MASTER_PORT="1234"))["MASTER_PORT"] == "1234"
+
+
+def test_the_batch_script_is_not_a_rank():
+    batch = {k: v for k, v in HET_TASK.items() if k != "SLURM_STEP_ID"}
+    assert not in_slurm_step(batch) and in_slurm_step(HET_TASK)
+
+
+def test_signals_only_set_a_flag_and_requeue_signals_win():
+    stop = StopRequest(["TERM", "USR1"], ["USR1"])
+    try:
+        assert stop.code() == NONE
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.code() == STOP
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.code() == STOP_AND_REQUEUE
+        os.kill(os.getpid(), signal.SIGTERM)  # a later TERM does not take the requeue back
+        assert stop.code() == STOP_AND_REQUEUE
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def _rl_cfg(*overrides):
+    return load_config(RLConfig, None, ["pretrain=/nonexistent", "prompt_data=p.jsonl", "reward_func=r.py",
+                                        "init_kl_coef=0.01", "colocate_actor_ref=true", *overrides])
+
+
+def test_het_script_one_block_per_role_group():
+    from hpc_rlhf.trainers.rl import plan_from_config
+    cfg = _rl_cfg("slurm.roles.rollout.gpus_per_task=1", "slurm.setup=module load cuda/12.4")
+    comps = components(cfg, plan_from_config(cfg))
+    assert [(c.name, c.first_rank, c.ntasks) for c in comps] == [("actor+reference", 0, 1), ("reward", 1, 1),
+                                                                ("rollout", 2, 1)]
+    assert is_hetjob(comps, "auto")
+    script = render(comps, cfg.slurm, ["python", "-m", "hpc_rlhf.cli", "train", "rl"], "/logs")
+    assert script.count("#SBATCH hetjob") == 2
+    assert "--gpus-per-task=1   # rollout" in script and "--requeue" in script and "--signal=USR1@300" in script
+    assert "module load cuda/12.4" in script and "export HF_HUB_OFFLINE=1" in script
+    srun = script[script.index("srun "):]
+    assert srun.count("--het-group=") == 3 and "--kill-on-bad-exit=1" in srun
+    # the same resources everywhere: one homogeneous allocation, global rank = plan rank
+    same = components(_rl_cfg(), plan_from_config(_rl_cfg()))
+    assert not is_hetjob(same, "auto")
+    plain = render(same, cfg.slurm, ["python"], "/logs")
+    assert "hetjob" not in plain and "#SBATCH --ntasks=3 --cpus-per-task=1" in plain
+
+
+def test_script_is_valid_bash():
+    cfg = load_config(SFTConfig, None, ["pretrain=/x", "dataset=d.jsonl", "nproc=4", "slurm.hetjob=never"])
+    script = render(components(cfg), cfg.slurm, ["python", "-m", "hpc_rlhf.cli", "train", "sft", "a b"], "/l")
+    assert "CMD=(python -m hpc_rlhf.cli train sft 'a b')" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_memory_counts_by_hand():
+    shape = memory.ModelShape(params=1000, hidden=8, layers=2, kv_heads=2, head_dim=4)
+    # bf16 weights 2 B/param; ZeRO-2 over 4 ranks shards gradients (2000/4) and AdamW
+    # (8 B moments + 4 B fp32 master = 12000 B, /4); activations 34 B * (2*16 tokens) * 8 hidden * 2 layers
+    assert memory.trained(shape, "bf16", 2, 4, False, False, 2, 16, False) == {
+        "weights": 2000, "gradients": 500, "optimizer": 3000, "activations": 34 * 32 * 8 * 2}
+    # fp32, ZeRO-3: weights sharded too; activations doubled for 4-byte values; no master copy
+    assert memory.trained(shape, "fp32", 3, 2, False, False, 1, 10, False) == {
+        "weights": 2000, "gradients": 2000, "optimizer": 4000, "activations": 68 * 10 * 8 * 2}
+    # the rollout's cache: 2 (k and v) * layers * kv_heads * head_dim * 2 B * sequences * length
+    assert memory.generating(shape, "bf16", 3, 5)["kv cache"] == 2 * 2 * 2 * 4 * 2 * 3 * 5
+
+
+def test_plan_command_prints_placement_memory_and_script(tmp_path):
+    from hpc_rlhf.models.tiny import build_tiny_model
+    model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64)
+    proc = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "plan", "rl", f"pretrain={model}",
+                           "prompt_data=p.jsonl", "reward_func=r.py", "init_kl_coef=0.01",
+                           "rollout_num_ranks=2", "slurm.roles.rollout.gpus_per_task=1",
+                           f"slurm.log_dir={tmp_path / 'logs'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "5 ranks, heterogeneous job" in out
+    assert "actor      ranks 0-0 (1 tasks)  1 CPU per task" in out
+    assert "rollout    ranks 3-4 (2 tasks)  1 GPU + 1 CPU per task" in out
+    assert out.startswith("hpc-rlhf plan:")  # nothing else on stdout (a script can capture it)
+    for role in ("actor", "reference", "reward", "rollout"):
+        assert f"\n  {role:<10}" in out.split("memory per rank")[1]
+    assert "#!/bin/bash" in out and f"--output={tmp_path / 'logs'}/%j.out" in out
+    assert not (tmp_path / "logs").exists()  # plan submits and creates nothing
+
+
+@pytest.mark.parametrize("bad", ["slurm.stop_signals=TERM,KILL", "slurm.requeue_signals=USR2"])
+def test_bad_signal_config_names_the_key(bad):
+    from hpc_rlhf.config import ConfigError
+    with pytest.raises(ConfigError, match="slurm"):
+        load_config(SFTConfig, None, ["pretrain=/x", "dataset=d.jsonl", "slurm.stop_signals=TERM,USR1", bad])
