@@ -5,6 +5,10 @@ silent for ``dead_after_s`` (or a store that stops answering: it lives on global
 process with exit code 1 and a message naming the dead rank, its roles and its host.  The first rank
 to find a dead peer writes its finding to the store, and the others repeat it, so every rank names
 the same culprit.
+
+Under srun --kill-on-bad-exit the survivors of a dead rank get SIGTERM and, KillWait seconds later
+(often 30 s, 5 s on small clusters), SIGKILL.  Once a stop signal has arrived (``urgent()`` true)
+a peer silent for three heartbeat intervals already counts as dead, so the job still says who died.
 """
 from __future__ import annotations
 
@@ -22,8 +26,8 @@ _VERDICT = "hb/verdict"
 
 class Watchdog:
     def __init__(self, host: str, port: int, rank: int, world: int, describe, interval_s: float = 1.0,
-                 dead_after_s: float = 20.0):
-        self.rank, self.world, self.describe = rank, world, describe
+                 dead_after_s: float = 20.0, urgent=lambda: False):
+        self.rank, self.world, self.describe, self.urgent = rank, world, describe, urgent
         self.interval_s, self.dead_after_s = interval_s, dead_after_s
         self._store = dist.TCPStore(host, port, world, False, timeout=datetime.timedelta(seconds=dead_after_s))
         self._stop = threading.Event()
@@ -49,6 +53,7 @@ class Watchdog:
 
     def dead_peers(self) -> list[int]:
         now = time.time()
+        limit = min(self.dead_after_s, 3 * self.interval_s) if self.urgent() else self.dead_after_s
         dead = []
         for r in range(self.world):
             if r == self.rank:
@@ -57,7 +62,7 @@ class Watchdog:
                 last = float(self._store.get(f"hb/{r}").decode()) if self._store.check([f"hb/{r}"]) else None
             except Exception:
                 last = None
-            if last is not None and now - last > self.dead_after_s:
+            if last is not None and now - last > limit:
                 dead.append(r)
         return dead
 
@@ -83,7 +88,7 @@ class Watchdog:
                 return
             if dead and not self._stop.is_set():
                 names = "; ".join(f"rank {r} ({self.describe(r)}, host {self._host(r)})" for r in dead)
-                self._die(f"no heartbeat for {self.dead_after_s:.0f} s from {names}")
+                self._die(f"no heartbeat from {names}")
                 return
 
     def _die(self, why: str, publish: bool = True) -> None:

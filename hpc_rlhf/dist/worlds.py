@@ -50,7 +50,7 @@ def describe_rank(plan: PlacementPlan, rank: int) -> str:
 
 
 def join(plan: PlacementPlan, backend: str = "auto", timeout_s: float = 1800.0,
-         dead_after_s: float = 20.0) -> RoleContext:
+         dead_after_s: float = 20.0, urgent=lambda: False) -> RoleContext:
     """Collective over every launched rank: returns once all worlds and bridges are built."""
     de = read_env()
     if de.world_size != plan.world_size:
@@ -74,7 +74,7 @@ def join(plan: PlacementPlan, backend: str = "auto", timeout_s: float = 1800.0,
         if de.rank in members:
             weights = Bridge("weights", members, de.rank, store, timeout_s, backend)
     watchdog = Watchdog(de.master_addr, de.master_port, de.rank, de.world_size,
-                        lambda r: describe_rank(plan, r), dead_after_s=dead_after_s).start()
+                        lambda r: describe_rank(plan, r), dead_after_s=dead_after_s, urgent=urgent).start()
     return RoleContext(plan, de.rank, comp, control, weights, watchdog, backend)
 
 

@@ -2,7 +2,9 @@
 
 Each child gets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT and runs exactly the code
 path it runs under srun.  If one child fails, the others are stopped and the launcher exits with
-the failing child's code, naming its rank.
+the failing child's code, naming its rank.  TERM, USR1 and USR2 sent to the launcher are passed on to
+every child (they stop at the next step boundary after a checkpoint and exit with code 3, like
+under SLURM); the launcher then exits with code 3 too.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -38,6 +41,23 @@ def launch_local(argv: list[str], nproc: int, grace_s: float = 10.0, describe=No
                    LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS=threads)
         procs.append(subprocess.Popen([sys.executable, "-m", "hpc_rlhf.cli", *argv], env=env))
+
+    def forward(signum, frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+                if main_thread}
+    try:
+        return _supervise(procs, grace_s, describe)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _supervise(procs: list[subprocess.Popen], grace_s: float, describe) -> int:
+    from .preemption import EXIT_STOPPED
     failed: tuple[int, int] | None = None
     try:
         while True:
@@ -52,7 +72,13 @@ def launch_local(argv: list[str], nproc: int, grace_s: float = 10.0, describe=No
     except KeyboardInterrupt:
         failed = (-1, 130)
     rank, code = failed
-    if rank >= 0:
+    if code == EXIT_STOPPED:  # a stop every rank agreed on: the others are on their way out too
+        deadline = time.time() + grace_s
+        while time.time() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+        print("hpc-rlhf launcher: the ranks stopped on a signal after writing a checkpoint (exit code 3)",
+              file=sys.stderr, flush=True)
+    elif rank >= 0:
         what = f" ({describe(rank)})" if describe else ""
         print(f"hpc-rlhf launcher: rank {rank}{what} exited with code {code}; stopping the other ranks",
               file=sys.stderr, flush=True)

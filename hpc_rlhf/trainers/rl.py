@@ -399,17 +399,19 @@ class RLRun:
 def run_rl(cfg: RLConfig) -> dict[str, float]:
     configure_deepspeed_env()
     plan = plan_from_config(cfg)
-    ctx = join(plan, cfg.launch.backend, cfg.placement.collective_timeout_s, cfg.placement.dead_rank_timeout_s)
     stop = StopRequest.from_config(cfg.slurm)
     try:
-        result = RLRun(cfg, ctx, stop).run()
-    except RunStopped:
+        ctx = join(plan, cfg.launch.backend, cfg.placement.collective_timeout_s, cfg.placement.dead_rank_timeout_s,
+                   urgent=lambda: stop.received is not None)
+        try:
+            result = RLRun(cfg, ctx, stop).run()
+        except RunStopped:
+            leave(ctx)
+            raise
+        except Exception:
+            ctx.watchdog.explain_failure()  # a dead peer is the usual cause: name it rather than gloo's error
+            raise
         leave(ctx)
-        raise
-    except Exception:
-        ctx.watchdog.explain_failure()  # a dead peer is the usual cause: name it rather than gloo's error
-        raise
+        return result
     finally:
         stop.restore()
-    leave(ctx)
-    return result
