@@ -75,7 +75,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
 def cmd_plan(args: argparse.Namespace, rest: list[str]) -> int:
     from .launch.plan import run_plan
     cfg, plan = load_trainer_config(args.trainer, args.config, rest)
-    return run_plan(args.trainer, cfg, plan, args.config, rest)
+    return run_plan(args.trainer, cfg, plan, args.config, rest, args.script_only)
 
 
 def cmd_submit(args: argparse.Namespace, rest: list[str]) -> int:
@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=f"{what}: hpc-rlhf {name} rl --config FILE [key=value ...]")
         c.add_argument("trainer", choices=sorted(TRAINERS))
         c.add_argument("--config", help="YAML config file (its `slurm` section sets resources); key=value overrides")
+        if name == "plan":
+            c.add_argument("--script-only", action="store_true", help="print only the sbatch script")
         if name == "submit":
             c.add_argument("--folder", help="submitit folder (default: slurm.log_dir/submitit)")
             c.add_argument("--wait", action="store_true", help="wait for the job and print rank 0's final metrics")

@@ -5,10 +5,13 @@ import dataclasses
 from pathlib import Path
 
 from .base import _type_name, leaf_paths
+from .preference import DPOConfig, KTOConfig, ORPOConfig, RMConfig, SimPOConfig
 from .rl import RLConfig
 from .sft import SFTConfig
 
-COMMANDS: dict[str, type] = {"train sft": SFTConfig, "train rl": RLConfig}
+COMMANDS: dict[str, type] = {"train sft": SFTConfig, "train rl": RLConfig, "train rm": RMConfig,
+                             "train dpo": DPOConfig, "train kto": KTOConfig, "train simpo": SimPOConfig,
+                             "train orpo": ORPOConfig}
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "options.md"
 
 

@@ -31,7 +31,8 @@ class Watchdog:
         self.interval_s, self.dead_after_s = interval_s, dead_after_s
         self._store = dist.TCPStore(host, port, world, False, timeout=datetime.timedelta(seconds=dead_after_s))
         self._stop = threading.Event()
-        self._store.set(f"hb/host/{rank}", socket.gethostname())
+        # the SLURM node name (several virtual nodes may share a host), else the host name
+        self._store.set(f"hb/host/{rank}", os.environ.get("SLURMD_NODENAME") or socket.gethostname())
         self._thread = threading.Thread(target=self._run, name="hpc_rlhf-watchdog", daemon=True)
 
     def start(self) -> "Watchdog":

@@ -73,12 +73,18 @@ def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[s
             continue
         detail = ", ".join(f"{k} {memory.gib(v)}" for k, v in parts.items())
         lines.append(f"  {role:<10} {memory.gib(sum(v for k, v in parts.items() if 'CPU' not in k)):>10}  ({detail})")
-    log_dir = str(Path(cfg.slurm.log_dir).resolve())
-    lines += ["", "sbatch script (`hpc-rlhf submit` submits this; save it and run `sbatch` yourself if you like):",
-              "", render(comps, cfg.slurm, train_command(cfg, trainer, config_path, overrides), log_dir)]
+    lines += ["", "sbatch script (`hpc-rlhf submit` submits this; `hpc-rlhf plan ... --script-only > job.sbatch` "
+              "saves it for `sbatch job.sbatch`):", "", job_script(cfg, trainer, plan, config_path, overrides)]
     return "\n".join(lines)
 
 
-def run_plan(trainer: str, cfg, plan, config_path: str | None, overrides: list[str]) -> int:
-    sys.stdout.write(describe(cfg, trainer, plan, config_path, overrides))
+def job_script(cfg, trainer: str, plan, config_path: str | None, overrides: list[str]) -> str:
+    log_dir = str(Path(cfg.slurm.log_dir).resolve())
+    return render(components(cfg, plan), cfg.slurm, train_command(cfg, trainer, config_path, overrides), log_dir)
+
+
+def run_plan(trainer: str, cfg, plan, config_path: str | None, overrides: list[str], script_only: bool) -> int:
+    text = job_script(cfg, trainer, plan, config_path, overrides) if script_only else \
+        describe(cfg, trainer, plan, config_path, overrides)
+    sys.stdout.write(text)
     return 0

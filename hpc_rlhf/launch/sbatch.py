@@ -58,6 +58,7 @@ def render(comps: list[Component], slurm: SlurmConfig, command: list[str], log_d
     lines = ["#!/bin/bash",
              f"# Written by hpc-rlhf ({'heterogeneous' if het else 'homogeneous'} job: "
              + ", ".join(f"{c.name} x{c.ntasks}" for c in comps) + ").",
+             f"# The log folder must exist before sbatch: mkdir -p {log_dir}",
              *_allocation(comps, slurm, log_dir, het),
              "set -euo pipefail",
              "",
@@ -75,7 +76,14 @@ def render(comps: list[Component], slurm: SlurmConfig, command: list[str], log_d
     common = "--kill-on-bad-exit=1 --unbuffered"
     if het:
         parts = [f'--het-group={i} --output="$ATTEMPT_DIR/{c.name}-%t.log" "${{CMD[@]}}"' for i, c in enumerate(comps)]
-        lines.append(f"srun {common} " + " \\\n  : ".join(parts))
+        lines.append(f"srun {common} " + " \\\n  : ".join(parts) + " || rc=$?")
     else:
-        lines.append(f'srun {common} --output="$ATTEMPT_DIR/rank-%t.log" "${{CMD[@]}}"')
+        lines.append(f'srun {common} --output="$ATTEMPT_DIR/rank-%t.log" "${{CMD[@]}}" || rc=$?')
+    lines += ['case "${rc:=0}" in',
+              '  0) ;;',
+              '  3) echo "hpc-rlhf: the ranks stopped on a signal after writing a checkpoint" ;;',
+              '  *) echo "hpc-rlhf: the step failed (exit $rc); the ranks that saw a peer die name it in'
+              ' $ATTEMPT_DIR" ;;',
+              'esac',
+              'exit "$rc"']
     return "\n".join(lines) + "\n"

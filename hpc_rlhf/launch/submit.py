@@ -76,6 +76,7 @@ def submit(trainer: str, config_path: str | None, overrides: list[str] | None = 
     cfg, plan = load_trainer_config(trainer, config_path, overrides)
     from .job import components
     log_dir = str(Path(cfg.slurm.log_dir).resolve())
+    Path(log_dir).mkdir(parents=True, exist_ok=True)  # sbatch opens LOG_DIR/JOBID.out before the script runs
     folder = Path(folder or Path(log_dir) / "submitit")
     config_path = str(Path(config_path).resolve()) if config_path else None
     executor = HpcRlhfExecutor(folder, components(cfg, plan), cfg.slurm, log_dir)

@@ -1,0 +1,230 @@
+"""Configs of the preference trainers: `hpc-rlhf train rm|dpo|kto|simpo|orpo`.
+
+Every trainer has the sections of `train sft` (model, train, ckpt, log, launch), a data section for
+preference data (pairs, or labelled single completions for KTO) and an `objective` section with the
+knobs of its loss only, so an option of another objective is an unknown key.  Each objective class
+names the registered trainer unit that implements it (`unit`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from .base import ConfigError, field
+from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig, TrainConfig
+
+
+@dataclass
+class PreferenceDataConfig:
+    """Sources, mixing, evaluation split and rendering: what pairs and unpaired rows share."""
+    dataset: list[str] = field(help="comma-separated data sources: json/jsonl/parquet/csv/arrow files, "
+                                    "datasets save_to_disk folders, or hub names (online only); "
+                                    "'name@split' picks a split")
+    dataset_probs: list[float] | None = field(None, help="mixing probabilities, one per dataset (default: "
+                                                         "all rows of every dataset, in order)")
+    dataset_split: str = field("train", help="split read from sources that have several")
+    eval_dataset: list[str] | None = field(None, help="held-out data sources (same formats as dataset)")
+    eval_split_ratio: float = field(0.0, help="when no eval_dataset is given, hold out this fraction of "
+                                              "the training rows for evaluation")
+    max_eval_samples: int | None = field(None, help="cap on eval rows")
+    prompt_key: str | None = field("prompt", help="column holding the prompt (a string, or a messages list "
+                                                  "with apply_chat_template); null: no separate prompt column "
+                                                  "(plain: empty prompt; chat: every message before the last "
+                                                  "one is the prompt)")
+    input_template: str | None = field(None, help="format string with one {} for the prompt, e.g. "
+                                                  "'User: {}\\nAssistant: '")
+    apply_chat_template: bool = field(False, help="render prompt and responses with the tokenizer's chat "
+                                                  "template (responses: a string or a list of messages)")
+    tokenizer_chat_template: str | None = field(None, help="override the tokenizer's chat template "
+                                                           "(a Jinja string)")
+    max_len: int = field(2048, help="maximum tokens of one sequence (prompt + one response)")
+    truncate_responses: bool = field(False, help="cut responses so that prompt + response fits max_len (the "
+                                                 "prompt is kept whole) instead of treating longer rows as "
+                                                 "bad rows")
+    max_samples: int | None = field(None, help="cap on training rows (pairs) after mixing")
+    bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, empty, "
+                                                            "wrong type, longer than max_len): skip it and "
+                                                            "report the counts, or stop with an error")
+
+    def validate(self) -> None:
+        if not self.dataset:
+            raise ConfigError("data.dataset is empty: name at least one data source")
+        if self.dataset_probs is not None:
+            if len(self.dataset_probs) != len(self.dataset):
+                raise ConfigError(f"data.dataset_probs has {len(self.dataset_probs)} values for "
+                                  f"{len(self.dataset)} datasets: give one probability per dataset")
+            if any(p < 0 for p in self.dataset_probs) or sum(self.dataset_probs) <= 0:
+                raise ConfigError("data.dataset_probs must be non-negative and not all zero")
+        if not 0.0 <= self.eval_split_ratio < 1.0:
+            raise ConfigError(f"data.eval_split_ratio must be in [0, 1), got {self.eval_split_ratio}")
+        if self.eval_dataset and self.eval_split_ratio > 0:
+            raise ConfigError("data.eval_dataset and data.eval_split_ratio exclude each other: evaluate on the "
+                              "given eval_dataset or hold out a fraction of the training rows, not both")
+        if self.max_len < 2:
+            raise ConfigError(f"data.max_len must be >= 2, got {self.max_len}")
+        if self.input_template is not None and self.input_template.count("{}") != 1:
+            raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
+        if self.apply_chat_template and self.input_template is not None:
+            raise ConfigError("data.input_template and data.apply_chat_template exclude each other")
+
+
+@dataclass
+class PairDataConfig(PreferenceDataConfig):
+    """A prompt with a chosen and a rejected response per row."""
+    chosen_key: str = field("chosen", help="column holding the preferred response (chat: a string or a "
+                                           "messages list)")
+    rejected_key: str = field("rejected", help="column holding the dispreferred response")
+
+
+@dataclass
+class UnpairedDataConfig(PreferenceDataConfig):
+    """KTO: a prompt, one completion and a desirable/undesirable label per row."""
+    completion_key: str = field("completion", help="column holding the completion (chat: a string or a "
+                                                   "messages list)")
+    label_key: str = field("label", help="column holding the label: true (desirable) or false "
+                                         "(undesirable); also 1/0 and 'true'/'false'")
+
+
+def _check_beta(section: str, beta: float) -> None:
+    if beta <= 0:
+        raise ConfigError(f"{section}.beta must be > 0, got {beta}")
+
+
+def _check_smoothing(value: float) -> None:
+    if not 0.0 <= value <= 0.5:
+        raise ConfigError(f"objective.label_smoothing must be in [0, 0.5], got {value}")
+
+
+@dataclass
+class RewardObjective:
+    unit: ClassVar[str] = "rm"
+    loss_type: Literal["sigmoid", "log_exp"] = field(
+        "sigmoid", help="pairwise loss: sigmoid -log σ(r_c - r_r - m) or log_exp log(1 + exp(r_r - r_c + m)) "
+                        "(equal in value)")
+    margin_key: str | None = field(None, help="column holding a per-pair margin m the chosen score must "
+                                              "exceed the rejected one by (null: no margin)")
+
+
+@dataclass
+class DPOObjective:
+    unit: ClassVar[str] = "dpo"
+    beta: float = field(0.1, help="strength of the implicit KL to the reference model")
+    loss_type: Literal["sigmoid", "ipo"] = field("sigmoid", help="sigmoid: DPO (cDPO with label_smoothing); "
+                                                                 "ipo: IPO's squared loss")
+    label_smoothing: float = field(0.0, help="cDPO: assumed fraction of flipped labels, in [0, 0.5] "
+                                             "(sigmoid only)")
+    nll_coef: float = field(0.0, help="weight of the chosen response's per-token NLL added to each pair's loss")
+    ref_pretrain: str | None = field(None, help="reference model (default: the model's pretrain)")
+    ref_precompute: bool = field(False, help="compute the reference log-probs of every pair once before "
+                                             "training and free the reference model (saves its memory "
+                                             "during training)")
+
+    def validate(self) -> None:
+        _check_beta("objective", self.beta)
+        _check_smoothing(self.label_smoothing)
+        if self.loss_type == "ipo" and self.label_smoothing > 0:
+            raise ConfigError("objective.label_smoothing is defined for loss_type sigmoid (cDPO), not ipo")
+        if self.nll_coef < 0:
+            raise ConfigError(f"objective.nll_coef must be >= 0, got {self.nll_coef}")
+
+
+@dataclass
+class KTOObjective:
+    unit: ClassVar[str] = "kto"
+    beta: float = field(0.1, help="strength of the implicit KL to the reference model")
+    desirable_weight: float = field(1.0, help="λ_D, weight of desirable rows (the paper advises "
+                                              "λ_D·n_D / (λ_U·n_U) in [1, 4/3])")
+    undesirable_weight: float = field(1.0, help="λ_U, weight of undesirable rows")
+    ref_pretrain: str | None = field(None, help="reference model (default: the model's pretrain)")
+
+    def validate(self) -> None:
+        _check_beta("objective", self.beta)
+        if self.desirable_weight < 0 or self.undesirable_weight < 0:
+            raise ConfigError("objective.desirable_weight and objective.undesirable_weight must be >= 0")
+
+
+@dataclass
+class SimPOObjective:
+    unit: ClassVar[str] = "simpo"
+    beta: float = field(2.0, help="scale of the length-normalised log-prob rewards")
+    gamma: float = field(1.0, help="target reward margin γ between chosen and rejected")
+    label_smoothing: float = field(0.0, help="assumed fraction of flipped labels, in [0, 0.5]")
+
+    def validate(self) -> None:
+        _check_beta("objective", self.beta)
+        _check_smoothing(self.label_smoothing)
+
+
+@dataclass
+class ORPOObjective:
+    unit: ClassVar[str] = "orpo"
+    orpo_lambda: float = field(0.1, help="λ, weight of the odds-ratio term added to the chosen response's NLL")
+
+    def validate(self) -> None:
+        if self.orpo_lambda < 0:
+            raise ConfigError(f"objective.orpo_lambda must be >= 0, got {self.orpo_lambda}")
+
+
+_MODEL_HELP = "the model and its adapters"
+_TRAIN_HELP = "optimisation; train_batch_size and micro_train_batch_size count pairs (KTO: rows)"
+
+
+@dataclass
+class RMConfig:
+    model: ModelConfig = field(help="the causal-LM folder the reward model starts from (its LM head is "
+                                    "replaced by a fresh one-output score head)")
+    data: PairDataConfig = field(help="preference pairs")
+    objective: RewardObjective = field(default_factory=RewardObjective, help="reward-model loss")
+    train: TrainConfig = field(default_factory=TrainConfig, help=_TRAIN_HELP)
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
+    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
+    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+
+    def validate(self) -> None:
+        if self.model.lora_rank > 0 or self.model.load_in_4bit:
+            raise ConfigError("train rm trains every weight: LoRA / 4-bit (model.lora_rank, model.load_in_4bit) "
+                              "are not supported for reward models yet")
+
+
+@dataclass
+class DPOConfig:
+    model: ModelConfig = field(help=_MODEL_HELP)
+    data: PairDataConfig = field(help="preference pairs")
+    objective: DPOObjective = field(default_factory=DPOObjective, help="DPO / IPO / cDPO loss and the reference")
+    train: TrainConfig = field(default_factory=TrainConfig, help=_TRAIN_HELP)
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
+    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
+    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+
+
+@dataclass
+class KTOConfig:
+    model: ModelConfig = field(help=_MODEL_HELP)
+    data: UnpairedDataConfig = field(help="prompts with one completion labelled desirable or not")
+    objective: KTOObjective = field(default_factory=KTOObjective, help="KTO loss and the reference")
+    train: TrainConfig = field(default_factory=TrainConfig, help=_TRAIN_HELP)
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
+    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
+    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+
+
+@dataclass
+class SimPOConfig:
+    model: ModelConfig = field(help=_MODEL_HELP)
+    data: PairDataConfig = field(help="preference pairs")
+    objective: SimPOObjective = field(default_factory=SimPOObjective, help="SimPO loss (no reference model)")
+    train: TrainConfig = field(default_factory=TrainConfig, help=_TRAIN_HELP)
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
+    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
+    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+
+
+@dataclass
+class ORPOConfig:
+    model: ModelConfig = field(help=_MODEL_HELP)
+    data: PairDataConfig = field(help="preference pairs")
+    objective: ORPOObjective = field(default_factory=ORPOObjective, help="ORPO loss (no reference model)")
+    train: TrainConfig = field(default_factory=TrainConfig, help=_TRAIN_HELP)
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
+    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
+    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")

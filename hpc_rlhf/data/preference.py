@@ -1,0 +1,319 @@
+"""Rows -> tokenized preference data: (prompt, chosen, rejected) pairs, or labelled completions (KTO).
+
+A sequence is the prompt's tokens followed by one response's tokens; the loss mask covers the response
+tokens only.  Prompt and response are tokenized separately and concatenated, the way a model sees them
+when it generates (prompt ids, then response ids):
+
+- plain: the prompt is ``prompt_key`` (formatted by ``input_template``) tokenized with the tokenizer's
+  special tokens (BOS); a response is its column's text without special tokens, then the EOS token.
+- chat (``apply_chat_template``): the prompt is a list of messages (or a string: one user message)
+  rendered with the generation prompt; a response is a string (one assistant message) or a list of
+  messages appended to the prompt, and its text is what the rendered conversation adds after the
+  rendered prompt (trailing whitespace after the end-of-turn token dropped).  Without a prompt column
+  (``prompt_key: null`` or a null value) the responses are whole conversations: every message before
+  the last one is the prompt, which must be the same in chosen and rejected.
+
+Length policy: a sequence longer than ``max_len`` is a bad row (skipped and counted, or an error,
+per ``bad_rows``), unless ``truncate_responses``: then the response is cut to fit (the prompt is kept
+whole; a prompt that leaves no room for one response token is still a bad row, and so is a pair whose
+two responses become identical when cut).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, TypeVar
+
+from ..config.preference import PairDataConfig, PreferenceDataConfig, UnpairedDataConfig
+from .assemble import assemble
+from .rows import BadRows, DataError
+from .sft import Sample, _Bad, _ChatRenderer, _check_messages, _get_str
+from .sources import load_source
+
+_CHUNK = 512  # rows tokenized per tokenizer call
+T = TypeVar("T")
+
+
+@dataclass
+class PairSample:
+    """A prompt with a preferred and a dispreferred response, each as a full sequence."""
+    chosen: Sample
+    rejected: Sample
+    margin: float | None
+    source: str  # e.g. "pairs.jsonl row 5"
+
+    def __len__(self) -> int:
+        return len(self.chosen) + len(self.rejected)
+
+
+@dataclass
+class LabelledSample:
+    """KTO: one completion of a prompt, labelled desirable (True) or undesirable (False)."""
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    desirable: bool
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    def sequence(self, completion_ids: list[int] | None = None, max_len: int | None = None) -> Sample:
+        """The prompt followed by its own completion, or by ``completion_ids`` (cut to ``max_len``)."""
+        completion = self.completion_ids if completion_ids is None else completion_ids
+        if max_len is not None:
+            completion = completion[:max(max_len - len(self.prompt_ids), 1)]
+        return make_sample(self.prompt_ids, completion, self.source)
+
+
+def make_sample(prompt_ids: list[int], response_ids: list[int], source: str) -> Sample:
+    """prompt + response with the loss mask on the response tokens (never on token 0: nothing predicts it)."""
+    mask = [0] * len(prompt_ids) + [1] * len(response_ids)
+    mask[0] = 0
+    return Sample(list(prompt_ids) + list(response_ids), mask, source)
+
+
+# ---------------------------------------------------------------------------------------------------
+# rendering: row -> prompt text + response texts
+
+
+def _as_messages(value: Any, key: str, role: str) -> list[dict]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise _Bad("empty", f"empty {key!r}")
+        return [{"role": role, "content": value}]
+    return _check_messages(value, key)
+
+
+class _Texts:
+    """Turns a row into (prompt text, [response text per key])."""
+
+    def __init__(self, cfg: PreferenceDataConfig, tokenizer, name: str, response_keys: tuple[str, ...]):
+        self.cfg, self.keys = cfg, response_keys
+        self.chat = _ChatRenderer(tokenizer, cfg.tokenizer_chat_template, name) if cfg.apply_chat_template else None
+        self.name = name
+        template = cfg.input_template
+        if template is not None:
+            try:
+                template.format("x")
+            except (IndexError, KeyError, ValueError) as e:
+                raise DataError(f"data.input_template {template!r} is not a format string with one {{}} "
+                                f"(write literal braces as {{{{ and }}}}): {e}") from e
+
+    def __call__(self, row: dict, r: int) -> tuple[str, list[str]]:
+        return self._chat(row, r) if self.chat is not None else self._plain(row)
+
+    def _plain(self, row: dict) -> tuple[str, list[str]]:
+        prompt = _get_str(row, self.cfg.prompt_key) if self.cfg.prompt_key else ""
+        if self.cfg.input_template is not None:
+            prompt = self.cfg.input_template.format(prompt)
+        return prompt, [_get_str(row, k) for k in self.keys]
+
+    def _chat(self, row: dict, r: int) -> tuple[str, list[str]]:
+        values = []
+        for k in self.keys:
+            if row.get(k) is None:
+                raise _Bad("missing_key", f"missing key {k!r}")
+            values.append(row[k])
+        prompt_value = row.get(self.cfg.prompt_key) if self.cfg.prompt_key else None
+        if prompt_value is None:  # whole conversations: the last message is the response
+            convs = []
+            for k, v in zip(self.keys, values):
+                if not isinstance(v, (list, tuple)) or not v:
+                    raise _Bad("wrong_type", f"{k!r} must be a non-empty list of messages when there is no "
+                                             f"prompt column (the last message is the response)")
+                convs.append(_check_messages(v, k))
+            prompt = convs[0][:-1]
+            if any(c[:-1] != prompt for c in convs[1:]):
+                raise _Bad("wrong_type", f"{' and '.join(map(repr, self.keys))} differ before their last "
+                                         f"message: they must share the prompt")
+            responses = [c[-1:] for c in convs]
+        else:
+            prompt = _as_messages(prompt_value, self.cfg.prompt_key, "user")
+            responses = [_as_messages(v, k, "assistant") for k, v in zip(self.keys, values)]
+        for k, msgs in zip(self.keys, responses):
+            if not msgs or msgs[-1]["role"] != "assistant":
+                raise _Bad("wrong_type", f"the response in {k!r} must end with an assistant message")
+            if not msgs[-1]["content"].strip():
+                raise _Bad("empty", f"empty assistant message in {k!r}")
+        prompt_text = self.chat.render(prompt, True)
+        texts = []
+        for k, msgs in zip(self.keys, responses):
+            full = self.chat.render(prompt + msgs, False)
+            if not full.startswith(prompt_text):
+                raise DataError(f"{self.name} row {r}: the chat template renders the prompt with "
+                                f"add_generation_prompt=True as text that is not a prefix of the conversation "
+                                f"with the response in {k!r}, so the response cannot be located; pass a "
+                                f"simpler data.tokenizer_chat_template")
+            text = full[len(prompt_text):].rstrip()
+            if not text:
+                raise _Bad("empty", f"the response in {k!r} renders as no text")
+            texts.append(text)
+        return prompt_text, texts
+
+
+# ---------------------------------------------------------------------------------------------------
+# row values besides the texts
+
+
+def parse_margin(row: dict, key: str) -> float:
+    value = row.get(key)
+    if value is None:
+        raise _Bad("missing_key", f"missing key {key!r}")
+    if isinstance(value, bool):
+        raise _Bad("wrong_type", f"{key!r} is a boolean, expected a number")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise _Bad("wrong_type", f"{key!r} is {value!r}, expected a number")
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "desirable"), ("false", "0", "no", "undesirable")
+
+
+def parse_label(row: dict, key: str) -> bool:
+    value = row.get(key)
+    if value is None:
+        raise _Bad("missing_key", f"missing key {key!r}")
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _Bad("wrong_type", f"{key!r} is {value!r}, expected true/false (or 1/0)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# tokenization
+
+
+@dataclass
+class _Rendered:
+    row: int
+    prompt: str
+    responses: list[str]
+    extra: Any
+
+
+def _fit(prompt: list[int], response: list[int], max_len: int, truncate: bool, key: str) -> list[int]:
+    if len(prompt) + len(response) <= max_len:
+        return response
+    if truncate and len(prompt) < max_len:
+        return response[:max_len - len(prompt)]
+    raise _Bad("too_long", f"prompt + {key!r} is {len(prompt) + len(response)} tokens, more than max_len {max_len}"
+               + (f" (the prompt alone is {len(prompt)})" if truncate else ""))
+
+
+def _tokenize(rows: Iterable[dict], name: str, tokenizer, cfg: PreferenceDataConfig, bad: BadRows,
+              keys: tuple[str, ...], extra: Callable[[dict], Any],
+              make: Callable[[_Rendered, list[int], list[list[int]]], T]) -> list[T]:
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError("the tokenizer is not a fast (tokenizers-backed) tokenizer: load the model's tokenizer.json")
+    eos = tokenizer.eos_token_id
+    if not cfg.apply_chat_template and eos is None:
+        raise DataError(f"{name}: the tokenizer has no eos_token, so responses cannot be ended; set one")
+    texts = _Texts(cfg, tokenizer, name, keys)
+    ending = [] if cfg.apply_chat_template else [eos]
+    out: list[T] = []
+
+    def flush(chunk: list[_Rendered]) -> None:
+        prompts = tokenizer([c.prompt for c in chunk], add_special_tokens=not cfg.apply_chat_template)["input_ids"]
+        flat = tokenizer([t for c in chunk for t in c.responses], add_special_tokens=False)["input_ids"]
+        pos = 0
+        for c, prompt in zip(chunk, prompts):
+            responses = [list(ids) + ending for ids in flat[pos:pos + len(keys)]]
+            pos += len(keys)
+            try:
+                if not prompt and not all(len(x) > 1 for x in responses):
+                    raise _Bad("empty", "no tokens to train on (no prompt and a one-token response)")
+                fitted = [_fit(prompt, x, cfg.max_len, cfg.truncate_responses, k) for x, k in zip(responses, keys)]
+                if len(fitted) > 1 and fitted != responses and all(f == fitted[0] for f in fitted[1:]):
+                    raise _Bad("too_long", f"the responses are identical within max_len {cfg.max_len}")
+                out.append(make(c, list(prompt), fitted))
+            except _Bad as b:
+                bad.add(name, c.row, b.kind, b.detail)
+
+    chunk: list[_Rendered] = []
+    for i, row in enumerate(rows):
+        r = i + 1
+        try:
+            prompt, responses = texts(row, r)
+            chunk.append(_Rendered(r, prompt, responses, extra(row)))
+        except _Bad as b:
+            bad.add(name, r, b.kind, b.detail)
+            continue
+        if len(chunk) == _CHUNK:
+            flush(chunk)
+            chunk = []
+    if chunk:
+        flush(chunk)
+    return out
+
+
+def build_pairs(rows: Iterable[dict], name: str, tokenizer, cfg: PairDataConfig, bad: BadRows,
+                margin_key: str | None = None) -> list[PairSample]:
+    """Tokenize rows into pairs; bad rows go to ``bad`` (skipped, or raised under policy "error")."""
+    def make(c: _Rendered, prompt: list[int], fitted: list[list[int]]) -> PairSample:
+        where = f"{name} row {c.row}"
+        return PairSample(make_sample(prompt, fitted[0], where), make_sample(prompt, fitted[1], where), c.extra,
+                          where)
+    extra = (lambda row: parse_margin(row, margin_key)) if margin_key else (lambda row: None)
+    return _tokenize(rows, name, tokenizer, cfg, bad, (cfg.chosen_key, cfg.rejected_key), extra, make)
+
+
+def build_labelled(rows: Iterable[dict], name: str, tokenizer, cfg: UnpairedDataConfig,
+                   bad: BadRows) -> list[LabelledSample]:
+    """Tokenize rows into labelled completions (KTO)."""
+    def make(c: _Rendered, prompt: list[int], fitted: list[list[int]]) -> LabelledSample:
+        return LabelledSample(prompt, fitted[0], c.extra, f"{name} row {c.row}")
+    return _tokenize(rows, name, tokenizer, cfg, bad, (cfg.completion_key,),
+                     lambda row: parse_label(row, cfg.label_key), make)
+
+
+# ---------------------------------------------------------------------------------------------------
+# loading
+
+
+def _columns(cfg: PreferenceDataConfig, extra_keys: tuple[str | None, ...]) -> list[str]:
+    keys = [cfg.prompt_key, *extra_keys]
+    if isinstance(cfg, PairDataConfig):
+        keys += [cfg.chosen_key, cfg.rejected_key]
+    if isinstance(cfg, UnpairedDataConfig):
+        keys += [cfg.completion_key, cfg.label_key]
+    return [k for k in dict.fromkeys(keys) if k]
+
+
+def _load(cfg: PreferenceDataConfig, seed: int, build: Callable[[Any, str, BadRows], list[T]],
+          columns: list[str]) -> tuple[list[T], list[T], BadRows]:
+    bad = BadRows(cfg.bad_rows)
+
+    def read(spec: str, limit: int | None) -> tuple[list[T], int]:
+        rows, name = load_source(spec, cfg.dataset_split)
+        if limit is not None and len(rows) > limit:
+            rows = rows.select(range(limit))
+        present = [k for k in columns if k in rows.column_names]
+        if present:  # skip converting unused columns to Python objects
+            rows = rows.select_columns(present)
+        return build(rows, name, bad), len(rows)
+
+    train, evals = assemble(cfg.dataset, read, bad, probs=cfg.dataset_probs, eval_sources=cfg.eval_dataset,
+                            eval_ratio=cfg.eval_split_ratio, max_samples=cfg.max_samples,
+                            max_eval_samples=cfg.max_eval_samples, seed=seed)
+    return train, evals, bad
+
+
+def load_pairs(cfg: PairDataConfig, tokenizer, seed: int,
+               margin_key: str | None = None) -> tuple[list[PairSample], list[PairSample], BadRows]:
+    """Train and eval pairs plus the bad rows met (log ``bad.summary()`` when ``bad.total``)."""
+    return _load(cfg, seed, lambda rows, name, bad: build_pairs(rows, name, tokenizer, cfg, bad, margin_key),
+                 _columns(cfg, (margin_key,)))
+
+
+def load_labelled(cfg: UnpairedDataConfig, tokenizer,
+                  seed: int) -> tuple[list[LabelledSample], list[LabelledSample], BadRows]:
+    """Train and eval labelled completions (KTO) plus the bad rows met."""
+    return _load(cfg, seed, lambda rows, name, bad: build_labelled(rows, name, tokenizer, cfg, bad),
+                 _columns(cfg, ()))

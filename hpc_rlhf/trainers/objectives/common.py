@@ -1,0 +1,229 @@
+"""What the preference objectives share: the unit interface, step views, log-probs of sequences and the reference.
+
+A unit (one per objective, registered by name) builds the trained model, prepares what it needs
+before training (the reference model, precomputed reference log-probs), computes the loss of one
+micro-batch and exports the result.  The loop in `trainers/preference.py` only calls these methods.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ...algorithms.preference import sequence_logprobs
+from ...algorithms.registry import Registry
+from ...checkpoint.hf_export import save_hf
+from ...data.packing import Batch, collate_padded
+from ...data.sft import Sample
+from ...models.loading import load_causal_lm
+
+PREFERENCE_OBJECTIVES: Registry = Registry("preference objective")
+
+
+# ---------------------------------------------------------------------------------------------------
+# collectives and micro-batches
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """In-place sum over every rank (returned for chaining); a no-op in a single process."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def chunks(items: Sequence, size: int) -> list[list]:
+    return [list(items[i:i + size]) for i in range(0, len(items), size)]
+
+
+def balanced_chunks(items: Sequence, size: int, filler: Sequence) -> list[tuple[list, bool]]:
+    """Micro-batches of ``size`` items, as many on every rank: a rank with fewer runs ``filler``
+    (flagged False: its result is discarded), since ZeRO-3 gathers parameters inside every forward."""
+    groups = [(g, True) for g in chunks(items, size)]
+    t = torch.tensor([len(groups)], dtype=torch.int64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    fill = list(groups[-1][0]) if groups else list(filler[:size])
+    return groups + [(fill, False)] * (int(t.item()) - len(groups))
+
+
+@dataclass
+class StepView:
+    """The items of one step (or of the eval set) over all ranks, in order; this rank takes every
+    ``world``-th one starting at ``rank``."""
+    items: list
+    rank: int
+    world: int
+
+    @property
+    def mine(self) -> list:
+        return self.items[self.rank::self.world]
+
+    @property
+    def my_positions(self) -> range:
+        return range(self.rank, len(self.items), self.world)
+
+
+class Stats:
+    """(sum, count) per metric over micro-batches; ``means()`` reduces over ranks (same key order everywhere)."""
+
+    def __init__(self) -> None:
+        self._acc: dict[str, list[float]] = {}
+
+    def add(self, name: str, total: float, count: float) -> None:
+        acc = self._acc.setdefault(name, [0.0, 0.0])
+        acc[0] += float(total)
+        acc[1] += float(count)
+
+    def update(self, stats: dict[str, tuple[float, float]]) -> None:
+        for k, (s, n) in stats.items():
+            self.add(k, s, n)
+
+    def means(self) -> dict[str, float]:
+        names = sorted(self._acc)
+        t = sum_over_ranks(torch.tensor([v for k in names for v in self._acc[k]], dtype=torch.float64))
+        out = {}
+        for i, k in enumerate(names):
+            s, n = float(t[2 * i]), float(t[2 * i + 1])
+            out[k] = s / n if n else float("nan")
+        return out
+
+
+@dataclass
+class LossOut:
+    """A micro-batch's loss, the MEAN over its ``count`` items (pairs or rows), and its metrics as
+    (sum, count) so they average over the whole step."""
+    loss: torch.Tensor
+    count: int
+    stats: dict[str, tuple[float, float]]
+
+
+def mean_stat(values: torch.Tensor) -> tuple[float, float]:
+    """(sum, count) of a [B] tensor."""
+    return float(values.detach().float().sum()), float(values.numel())
+
+
+def scalar_stat(mean: torch.Tensor, count: int) -> tuple[float, float]:
+    """(sum, count) of a metric given as the mean over ``count`` items."""
+    return float(mean.detach().float()) * count, float(count)
+
+
+def pair_stats(metrics: dict[str, torch.Tensor], count: int) -> dict[str, tuple[float, float]]:
+    """The pairwise losses' metrics (per-pair rewards and margins, 0-dim accuracy) as (sum, count)."""
+    return {"chosen_reward": mean_stat(metrics["chosen_rewards"]),
+            "rejected_reward": mean_stat(metrics["rejected_rewards"]),
+            "margin": mean_stat(metrics["margins"]),
+            "accuracy": scalar_stat(metrics["accuracy"], count)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# log-probs
+
+
+def collate_pairs(pairs: Sequence, pad_id: int, device) -> Batch:
+    """Chosen rows then rejected rows of the pairs, right-padded into one batch (one forward)."""
+    return collate_padded([p.chosen for p in pairs] + [p.rejected for p in pairs], pad_id).to(device)
+
+
+def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(label_t | tokens < t) [B, T-1] and the mask of targets (labels are unshifted, -100 elsewhere)."""
+    tgt = labels[:, 1:]
+    mask = tgt != -100
+    z = logits[:, :-1].float()
+    picked = z.gather(-1, tgt.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(z, dim=-1), mask
+
+
+def sequence_logps(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed response log-probs [B] and response lengths [B] of every row of ``batch``."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   position_ids=batch.position_ids, use_cache=False).logits
+    lp, mask = token_logps(logits, batch.labels)
+    return sequence_logprobs(lp, mask), mask.sum(-1)
+
+
+def split_pairs(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    half = values.shape[0] // 2
+    return values[:half], values[half:]
+
+
+# ---------------------------------------------------------------------------------------------------
+# units
+
+
+class Objective:
+    """Base unit; subclasses set ``load_data`` and implement ``build_model`` and ``loss``."""
+
+    def __init__(self, cfg, de, device, tokenizer):
+        self.cfg, self.de, self.device, self.tokenizer = cfg, de, device, tokenizer
+        self.pad_id = tokenizer.pad_token_id
+        self.micro = cfg.train.micro_train_batch_size
+
+    def load_data(self) -> tuple[list, list, Any]:
+        raise NotImplementedError
+
+    def prepare(self, datasets: Sequence[list]) -> None:
+        """Before the trained model is built: load or precompute the reference."""
+
+    def build_model(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def step_context(self, engine, view: StepView) -> Any:
+        """Whatever the step's losses need from the whole step (KTO: the reference point z0)."""
+        return None
+
+    def loss(self, engine, items: list, ctx: Any) -> LossOut:
+        raise NotImplementedError
+
+    def export(self, engine, save_path: str, files: dict[str, str], stats_items: list) -> dict[str, float]:
+        """Write the HF folder; return metrics worth logging once (e.g. reward statistics)."""
+        save_hf(engine, self.tokenizer, save_path, files)
+        return {}
+
+
+class PolicyObjective(Objective):
+    """Trains a causal LM on sequence log-probs of responses."""
+
+    def build_model(self) -> torch.nn.Module:
+        return load_causal_lm(self.cfg.model)
+
+    def pair_logps(self, engine, pairs: list):
+        """Policy log-probs (with gradient) and lengths of chosen and rejected, one forward; and the batch."""
+        batch = collate_pairs(pairs, self.pad_id, self.device)
+        logps, lengths = sequence_logps(engine, batch)
+        (pc, pr), (lc, lr) = split_pairs(logps), split_pairs(lengths)
+        return pc, pr, lc, lr, batch
+
+
+class Reference:
+    """The frozen reference model on this rank, and log-probs of batches or of whole data sets."""
+
+    def __init__(self, cfg, device, pad_id: int):
+        obj = cfg.objective
+        model_cfg = dataclasses.replace(cfg.model, pretrain=obj.ref_pretrain or cfg.model.pretrain,
+                                        gradient_checkpointing=False)
+        self.model = load_causal_lm(model_cfg, trainable=False).to(device)
+        self.device, self.pad_id = device, pad_id
+
+    @torch.no_grad()
+    def batch_logps(self, batch: Batch) -> torch.Tensor:
+        return sequence_logps(self.model, batch)[0]
+
+    @torch.no_grad()
+    def sequences_logps(self, samples: list[Sample], micro: int) -> torch.Tensor:
+        """Summed response log-probs of samples (micro-batches of ``micro`` rows)."""
+        out = [self.batch_logps(collate_padded(g, self.pad_id).to(self.device)) for g in chunks(samples, micro)]
+        return torch.cat(out).float().cpu() if out else torch.zeros(0)
+
+    def free(self) -> None:
+        self.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,152 @@
+"""One loop for the preference trainers (rm, dpo, kto, simpo, orpo); the objective is a registered unit.
+
+The same code runs as one process, N local ranks or N SLURM tasks.  Each optimizer step takes
+``train_batch_size`` items (pairs, or labelled rows for KTO) in the sampler's global order; rank r takes
+every W-th one from r and splits its share into micro-batches of ``micro_train_batch_size``.  A unit's
+loss is the mean over the items of its micro-batch; the micro-batch back-propagates
+``loss · n_micro · W / train_batch_size``, so after data-parallel averaging the step's gradient is that of
+the mean over every item of the step, whatever the rank count and the micro-batch size.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+
+from ..checkpoint.rng import seed_everything
+from ..checkpoint.store import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..config import dump_yaml
+from ..data.batching import EpochSampler
+from ..dist.env import DistEnv, device_for, init_distributed, shutdown
+from ..engines.deepspeed_strategy import build_engine, configure_deepspeed_env
+from ..logging.metrics import MetricsLogger
+from ..logging.progress import Progress
+from ..models.loading import load_tokenizer, resolve_pretrained
+from .objectives import PREFERENCE_OBJECTIVES, Objective
+from .objectives.common import Stats, StepView, balanced_chunks, chunks
+
+log = logging.getLogger("hpc_rlhf.preference")
+
+
+def train_step(engine, unit: Objective, view: StepView) -> dict[str, float]:
+    """One optimizer step over the step's items; metrics are means over every item of every rank."""
+    ctx = unit.step_context(engine, view)
+    scale = view.world / len(view.items)
+    stats = Stats()
+    groups = chunks(view.mine, unit.micro)  # every rank holds len(items) / W items: equal counts
+    for group in groups:
+        out = unit.loss(engine, group, ctx)
+        engine.backward(out.loss * (out.count * scale), scale_wrt_gas=False)
+        stats.add("loss", float(out.loss.detach()) * out.count, out.count)
+        stats.update(out.stats)
+    engine.step()
+    metrics = stats.means()
+    grad_norm = engine.get_global_grad_norm()
+    metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+                   micro_batches=len(groups))
+    return metrics
+
+
+@torch.no_grad()
+def evaluate(engine, unit: Objective, items: list, de: DistEnv) -> dict[str, float]:
+    """The unit's loss and metrics over ``items`` (sharded over the ranks), prefixed with ``eval_``."""
+    engine.eval()
+    view = StepView(items, de.rank, de.world_size)
+    ctx = unit.step_context(engine, view)
+    stats = Stats()
+    for group, keep in balanced_chunks(view.mine, unit.micro, items[:1]):
+        out = unit.loss(engine, group, ctx)
+        if keep:
+            stats.add("loss", float(out.loss) * out.count, out.count)
+            stats.update(out.stats)
+    engine.train()
+    return {f"eval_{k}": v for k, v in stats.means().items()}
+
+
+def run_preference(cfg) -> dict[str, float]:
+    """Train the objective ``cfg.objective`` names; returns the last logged metrics (on every rank)."""
+    configure_deepspeed_env()
+    de = init_distributed(cfg.launch.backend)
+    try:
+        return _run(cfg, de)
+    finally:
+        shutdown()
+
+
+def _run(cfg, de: DistEnv) -> dict[str, float]:
+    t_start = time.time()
+    name = cfg.objective.unit
+    seed_everything(cfg.train.seed)
+    if cfg.train.train_batch_size % de.world_size:
+        raise ValueError(f"train.train_batch_size={cfg.train.train_batch_size} is not divisible by the "
+                         f"{de.world_size} ranks")
+    tokenizer = load_tokenizer(resolve_pretrained(cfg.model.pretrain), cfg.data.tokenizer_chat_template)
+    unit: Objective = PREFERENCE_OBJECTIVES.get(name)(cfg, de, device_for(de), tokenizer)
+    train_set, eval_set, bad = unit.load_data()
+    if de.is_main:
+        log.info("config:\n%s", dump_yaml(cfg))
+        log.info("data: %d training samples, %d eval samples", len(train_set), len(eval_set))
+        if bad.total:
+            log.warning("skipped %d bad rows:\n%s", bad.total, bad.summary())
+
+    unit.prepare([train_set, eval_set])
+    model = unit.build_model()
+    # the global order of every step; rank r takes items r, r + W, ... of it (StepView)
+    sampler = EpochSampler(len(train_set), cfg.train.train_batch_size, 1, 0, cfg.train.seed)
+    total_steps = sampler.steps_per_epoch * cfg.train.max_epochs
+    if cfg.train.max_steps is not None:
+        total_steps = min(total_steps, cfg.train.max_steps)
+    engine = build_engine(model, cfg.train, cfg.train.learning_rate, cfg.model.param_dtype, total_steps,
+                          de.world_size)
+
+    start = 0
+    if cfg.ckpt.load_checkpoint:
+        path = latest_checkpoint(cfg.ckpt.ckpt_path)
+        if path is not None:
+            start = load_checkpoint({"model": engine}, path)["step"]
+            if de.is_main:
+                log.info("resumed from %s at step %d", path, start)
+        elif de.is_main:
+            log.info("load_checkpoint: no committed checkpoint in %s; starting fresh", cfg.ckpt.ckpt_path)
+    if de.is_main and sampler.padded_in_last_step:
+        log.info("the last step of each epoch repeats %d samples to fill train_batch_size",
+                 sampler.padded_in_last_step)
+
+    metrics_log = MetricsLogger(cfg.ckpt.save_path, de.is_main, cfg.log.use_tensorboard)
+    progress = Progress(total_steps, start, de.is_main, cfg.log.progress_bar, desc=name)
+    metrics: dict[str, float] = {}
+    t_last = time.time()
+    for step in range(start, total_steps):
+        epoch, in_epoch = divmod(step, sampler.steps_per_epoch)
+        view = StepView([train_set[i] for i in sampler.step_indices(epoch, in_epoch)], de.rank, de.world_size)
+        lr = engine.get_lr()[0]
+        metrics = train_step(engine, unit, view)
+        done = step + 1
+        now = time.time()
+        metrics.update(lr=lr, epoch=epoch, step_time_s=now - t_last)
+        t_last = now
+        if eval_set and cfg.log.eval_steps > 0 and done % cfg.log.eval_steps == 0:
+            metrics.update(evaluate(engine, unit, eval_set, de))
+        if done % cfg.log.logging_steps == 0 or done == total_steps:
+            metrics_log.log(done, metrics)
+        progress.update(done, metrics, done % cfg.log.logging_steps == 0)
+        if cfg.ckpt.save_steps > 0 and done % cfg.ckpt.save_steps == 0 and done < total_steps:
+            save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, done, {"step": done}, cfg.ckpt.max_ckpt_num)
+    progress.close()
+    if eval_set and "eval_loss" not in metrics:
+        final = evaluate(engine, unit, eval_set, de)
+        metrics.update(final)
+        metrics_log.log(total_steps, final)
+    exported = unit.export(engine, cfg.ckpt.save_path, {"hpc_rlhf_config.yaml": dump_yaml(cfg)},
+                           eval_set or train_set)
+    if exported:
+        metrics_log.log(total_steps, exported)
+        metrics.update(exported)
+    metrics_log.close()
+    metrics["train_time_s"] = time.time() - t_start
+    if de.is_main:
+        log.info("saved the model to %s (%d steps, %.1f s)", cfg.ckpt.save_path, total_steps,
+                 metrics["train_time_s"])
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not math.isnan(v)}
