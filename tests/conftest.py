@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ["slurm_cluster"]
+
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

