@@ -18,6 +18,7 @@ from sft_fixtures import losses, sft_config, with_paths
 
 pytestmark = pytest.mark.slurm
 PY = sys.executable
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_yaml(path: Path, config: dict) -> Path:
@@ -48,18 +49,23 @@ def grpo_config(root: Path, steps: int) -> dict:
                   slurm={"hetjob": "always", "time": "00:10:00"})
 
 
-def test_sft_through_submitit_on_two_tasks(slurm_cluster, slurm_env, tmp_path):
-    from hpc_rlhf.launch.submit import submit
+def run_launcher(cluster, name: str, config: Path, *overrides: str, timeout: float = 400) -> dict:
+    """python launchers/NAME CONFIG ...: submits through submitit, waits, prints the final JSON line."""
+    proc = cluster.run([PY, str(ROOT / "launchers" / name), str(config), *overrides], timeout=timeout, check=False,
+                       cwd=config.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_sft_through_submitit_on_two_tasks(slurm_cluster, tmp_path):
     config = with_paths(sft_config(tmp_path, 6), tmp_path, "sft")
     t0 = time.time()
-    job = submit("sft", str(config), [f"slurm.log_dir={tmp_path / 'logs'}"], folder=tmp_path / "submitit")
-    state = slurm_cluster.wait_done(job.job_id, timeout=240)
-    assert state == "COMPLETED", (state, (tmp_path / "logs" / f"{job.job_id}.out").read_text())
-    results = job.results()
-    assert len(results) == 2 and results[0]["loss"] == results[1]["loss"]  # every rank ends with the same step loss
+    out = run_launcher(slurm_cluster, "submit_sft.py", config, f"slurm.log_dir={tmp_path / 'logs'}")
+    assert out["ranks"] == 2 and out["final"]["loss"] > 0
     got = losses(tmp_path / "sft")
     assert sorted(got) == list(range(1, 7)) and got[6] < got[1]
-    attempt = tmp_path / "logs" / job.job_id / "attempt-0"
+    assert got[6] == pytest.approx(out["final"]["loss"])
+    attempt = tmp_path / "logs" / out["job_id"] / "attempt-0"
     assert sorted(p.name for p in attempt.iterdir()) == ["rank-0.log", "rank-1.log"]
     print(f"submitit SFT 2 tasks: {time.time() - t0:.1f} s")
 
@@ -69,22 +75,21 @@ def _reward_means(save: Path) -> list[float]:
     return [r["reward/mean"] for r in rows if "reward/mean" in r]
 
 
-def test_grpo_as_a_heterogeneous_job_learns(slurm_cluster, tmp_path):
+def test_grpo_as_a_heterogeneous_job_through_submitit_learns(slurm_cluster, tmp_path):
     config = merged(grpo_config(tmp_path, 20), ckpt={"save_path": str(tmp_path / "grpo"),
                                                     "ckpt_path": str(tmp_path / "grpo_ckpt")})
     path = write_yaml(tmp_path / "grpo.yaml", config)
-    script = job_script(slurm_cluster, "rl", path, f"slurm.log_dir={tmp_path / 'logs'}")
-    assert script.read_text().count("#SBATCH hetjob") == 2
     t0 = time.time()
-    job = slurm_cluster.sbatch(script)
-    state = slurm_cluster.wait_done(job, timeout=400)
-    batch_log = (tmp_path / "logs" / f"{job}.out").read_text()
-    assert state == "COMPLETED", batch_log
+    out = run_launcher(slurm_cluster, "submit_grpo.py", path, f"slurm.log_dir={tmp_path / 'logs'}")
+    job = out["job_id"]
+    assert out["ranks"] == 3  # a result from every rank of the three components
+    script = next((tmp_path / "logs" / "submitit").glob(f"{job}_submission.sh")).read_text()
+    assert script.count("#SBATCH hetjob") == 2 and "--cpus-per-task=2   # rollout" in script
     rows = slurm_cluster.sacct(job, ("JobID", "NodeList"), allocations_only=True)
     assert [r["JobID"] for r in rows] == [f"{job}+0", f"{job}+1", f"{job}+2"]
     assert len({r["NodeList"] for r in rows}) == 3  # one node per component
     means = _reward_means(tmp_path / "grpo")
-    assert len(means) == 20
+    assert len(means) == 20 and out["reward_mean"] == pytest.approx(means[-1])
     first, last = sum(means[:5]) / 5, sum(means[-5:]) / 5
     assert last > first + 0.05, means
     metrics = [json.loads(x) for x in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
