@@ -3,7 +3,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_demo_learns(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "demo", "--out", str(tmp_path / "demo")],
                           capture_output=True, text=True, timeout=1200)

@@ -16,7 +16,7 @@ import yaml
 from rl_fixtures import make_assets, merged
 from sft_fixtures import losses, sft_config, with_paths
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[1]
 
