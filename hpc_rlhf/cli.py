@@ -47,15 +47,13 @@ def load_trainer_config(trainer: str, config_path: str | None, overrides: list[s
 
 def run_trainer(trainer: str, config_path: str | None, overrides: list[str]) -> dict:
     """One rank's whole run.  A run stopped by a signal (preemption, time limit) has written its
-    checkpoint; its leader requeues the SLURM job when asked to, and every rank exits with code 3."""
-    from .launch.preemption import EXIT_STOPPED, RunStopped, requeue_job
+    checkpoint (and its leader has requeued the SLURM job when asked to): every rank exits with code 3."""
+    from .launch.preemption import EXIT_STOPPED, RunStopped
     cfg, _ = load_trainer_config(trainer, config_path, overrides)
     try:
         return _import(TRAINERS[trainer][1])(cfg)
     except RunStopped as stopped:
         logging.getLogger("hpc_rlhf").warning("%s", stopped)
-        if stopped.requeue and stopped.leader:
-            requeue_job()
         raise SystemExit(EXIT_STOPPED) from None
 
 

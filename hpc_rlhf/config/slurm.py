@@ -64,7 +64,9 @@ class SlurmConfig:
     signal_before_end_s: int = field(300, help="sbatch --signal: USR1 this many seconds before the time limit")
     requeue: bool = field(True, help="sbatch --requeue, and rank 0 runs `scontrol requeue` after a requeue signal")
     hf_offline: bool = field(True, help="export HF_HUB_OFFLINE=1 in the job (compute nodes without internet)")
-    python: str = field("python", help="the interpreter the job script runs (after `setup`)")
+    python: str = field("", help="the command that runs Python in the job, after `setup` (e.g. python, or "
+                                 "apptainer exec --nv image.sif python); empty: the interpreter running "
+                                 "plan/submit, by its absolute path")
 
     def validate(self) -> None:
         for name in (*self.stop_signals, *self.requeue_signals):

@@ -52,7 +52,7 @@ def init_distributed(backend: str = "auto", timeout_s: int = 600) -> DistEnv:
         from ..launch.local import free_port  # a lone process must not collide with a neighbour's port
         de = DistEnv(0, 1, 0, "127.0.0.1", free_port())
     if backend == "nccl":
-        torch.cuda.set_device(de.local_rank)
+        torch.cuda.set_device(device_for(de))
     # DeepSpeed reads these from the environment whatever launched us.
     for key, value in (("RANK", de.rank), ("WORLD_SIZE", de.world_size), ("LOCAL_RANK", de.local_rank),
                        ("MASTER_ADDR", de.master_addr), ("MASTER_PORT", de.master_port)):
@@ -73,4 +73,8 @@ def shutdown() -> None:
 
 
 def device_for(de: DistEnv) -> torch.device:
-    return torch.device("cuda", de.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    """This rank's device.  The local rank indexes the GPUs this process sees, modulo their count: a
+    task started with srun --gpus-per-task=1 sees only its own GPU (as device 0), whatever its rank."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", de.local_rank % torch.cuda.device_count())

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .bridge import Bridge
-from .env import pick_backend, read_env
+from .env import device_for, pick_backend, read_env
 from .placement import Component, PlacementPlan
 from .watchdog import Watchdog
 
@@ -58,7 +58,7 @@ def join(plan: PlacementPlan, backend: str = "auto", timeout_s: float = 1800.0,
                            f"{plan.describe()}")
     backend = pick_backend(backend)
     if backend == "nccl":
-        torch.cuda.set_device(de.local_rank)
+        torch.cuda.set_device(device_for(de))
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(de.master_addr, de.master_port, de.world_size, de.rank == 0, timeout=timeout)
     comp = plan.component_of(de.rank)

@@ -1,6 +1,7 @@
 """`hpc-rlhf plan`: the placement, the memory per role and the sbatch script of a job; submits nothing."""
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -9,8 +10,12 @@ from .job import Component, components, is_hetjob
 from .sbatch import render
 
 
+def python_command(slurm) -> list[str]:
+    return shlex.split(slurm.python) if slurm.python.strip() else [sys.executable]
+
+
 def train_command(cfg, trainer: str, config_path: str | None, overrides: list[str]) -> list[str]:
-    cmd = [cfg.slurm.python, "-m", "hpc_rlhf.cli", "train", trainer]
+    cmd = [*python_command(cfg.slurm), "-m", "hpc_rlhf.cli", "train", trainer]
     if config_path:
         cmd += ["--config", str(Path(config_path).resolve())]
     return cmd + list(overrides)
@@ -59,6 +64,8 @@ def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[s
     het = is_hetjob(comps, cfg.slurm.hetjob)
     lines = [f"hpc-rlhf plan: train {trainer}, {sum(c.ntasks for c in comps)} ranks, "
              f"{'heterogeneous' if het else 'homogeneous'} job", "", "placement (role group -> ranks, devices):"]
+    if not het and len({c.resources for c in comps}) > 1:
+        lines.append("  note: slurm.hetjob=never, so every task gets the first group's resources below")
     width = max(len(c.name) for c in comps)
     lines += [_component_line(c, width) for c in comps]
     lines += ["", "memory per rank (estimate; see hpc_rlhf/launch/memory.py for what is counted):"]

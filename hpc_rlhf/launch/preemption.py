@@ -3,10 +3,12 @@
 A signal can arrive in any rank at any moment, in the middle of a collective.  The handler does
 nothing but record it.  At the end of each step the trainer asks every rank (one small all-reduce
 of ``StopRequest.code()``, maximum over ranks), so all roles see the same decision at the same step:
-write a checkpoint, leave the process groups, raise ``RunStopped``.  The command line entry point
-turns that into exit code ``EXIT_STOPPED``, after the leader asked SLURM to requeue the job when
-the signal was one of the requeue signals (the time-limit warning of ``sbatch --signal``); SLURM
-requeues a preempted job on its own after its SIGTERM.
+write a checkpoint, then (``stop_after_checkpoint``) the leader asks SLURM to requeue the job when
+the signal was one of the requeue signals (the time-limit warning of ``sbatch --signal``), all ranks
+wait for it, and every rank raises ``RunStopped``.  The requeue comes before any rank exits because
+srun --kill-on-bad-exit ends the whole step as soon as one rank leaves with a non-zero code.  The
+command line entry point turns ``RunStopped`` into exit code ``EXIT_STOPPED``.  SLURM requeues a
+preempted job on its own after its SIGTERM.
 """
 from __future__ import annotations
 
@@ -58,6 +60,15 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+def stop_after_checkpoint(decision: int, step: int, leader: bool, barrier) -> None:
+    """Called on every rank once the checkpoint of ``step`` is committed; always raises RunStopped."""
+    requeue = decision == STOP_AND_REQUEUE
+    if requeue and leader:
+        requeue_job()
+    barrier()
+    raise RunStopped(step, requeue, leader)
 
 
 def requeue_job(job_id: str | None = None) -> bool:

@@ -51,6 +51,12 @@ def _allocation(comps: list[Component], slurm: SlurmConfig, log_dir: str, het: b
     return out
 
 
+def _task_cpus(n: int) -> str:
+    """srun does not take --cpus-per-task from the allocation (Slurm >= 22.05), and inside a het step
+    SLURM_CPUS_PER_TASK is not the component's: give both explicitly to every part of the step."""
+    return f"--cpus-per-task={n} --export=ALL,OMP_NUM_THREADS={n}"
+
+
 def render(comps: list[Component], slurm: SlurmConfig, command: list[str], log_dir: str) -> str:
     """The job script; ``command`` is what every task runs (argv, quoted here)."""
     het = is_hetjob(comps, slurm.hetjob)
@@ -75,10 +81,12 @@ def render(comps: list[Component], slurm: SlurmConfig, command: list[str], log_d
     lines.append(f"CMD=({cmd})")
     common = "--kill-on-bad-exit=1 --unbuffered"
     if het:
-        parts = [f'--het-group={i} --output="$ATTEMPT_DIR/{c.name}-%t.log" "${{CMD[@]}}"' for i, c in enumerate(comps)]
+        parts = [f'--het-group={i} {_task_cpus(c.resources.cpus_per_task)} --output="$ATTEMPT_DIR/{c.name}-%t.log" '
+                 '"${CMD[@]}"' for i, c in enumerate(comps)]
         lines.append(f"srun {common} " + " \\\n  : ".join(parts) + " || rc=$?")
     else:
-        lines.append(f'srun {common} --output="$ATTEMPT_DIR/rank-%t.log" "${{CMD[@]}}" || rc=$?')
+        lines.append(f'srun {common} {_task_cpus(comps[0].resources.cpus_per_task)} '
+                     '--output="$ATTEMPT_DIR/rank-%t.log" "${CMD[@]}" || rc=$?')
     lines += ['case "${rc:=0}" in',
               '  0) ;;',
               '  3) echo "hpc-rlhf: the ranks stopped on a signal after writing a checkpoint" ;;',

@@ -42,7 +42,9 @@ class HpcRlhfExecutor(submitit.SlurmExecutor):
     job_class = HpcRlhfJob
 
     def __init__(self, folder: str | Path, comps: list[Component], slurm_cfg, log_dir: str):
-        super().__init__(folder=folder, max_num_timeout=10 ** 6)  # requeues are ours to decide, not submitit's
+        from .plan import python_command
+        # requeues are ours to decide, not submitit's; the tasks run slurm.python (or this interpreter)
+        super().__init__(folder=folder, max_num_timeout=10 ** 6, python=shlex.join(python_command(slurm_cfg)))
         self.comps, self.slurm_cfg, self.log_dir = comps, slurm_cfg, log_dir
 
     def _num_tasks(self) -> int:

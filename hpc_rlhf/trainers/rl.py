@@ -37,7 +37,7 @@ from ..dist.weight_sync import actor_buckets, receive_weights, send_weights, unp
 from ..dist.worlds import RoleContext, join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
 from ..engines.rollout import tensor_checksum
-from ..launch.preemption import NONE, STOP_AND_REQUEUE, RunStopped, StopRequest
+from ..launch.preemption import NONE, RunStopped, StopRequest, stop_after_checkpoint
 from ..launch.slurm_env import restart_count
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
@@ -324,7 +324,7 @@ class RLRun:
             if stopping:
                 progress.close()
                 metrics_log.close()
-                raise RunStopped(done, decision == STOP_AND_REQUEUE, self.ctx.global_rank == 0)
+                stop_after_checkpoint(decision, done, self.ctx.global_rank == 0, self.ctx.control.barrier)
         progress.close()
         metrics_log.close()
         if self.actor is not None:

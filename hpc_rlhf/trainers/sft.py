@@ -18,7 +18,7 @@ from ..data.packing import Batch, collate_packed, collate_padded, packed_attenti
 from ..data.sft import Sample, load_sft_data
 from ..dist.env import DistEnv, device_for, init_distributed, shutdown
 from ..engines.deepspeed_strategy import build_engine, configure_deepspeed_env
-from ..launch.preemption import STOP_AND_REQUEUE, RunStopped, StopRequest
+from ..launch.preemption import StopRequest, stop_after_checkpoint
 from ..launch.slurm_env import restart_count
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
@@ -184,7 +184,7 @@ def _run(cfg: SFTConfig, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         if stopping:
             progress.close()
             metrics_log.close()
-            raise RunStopped(done, decision == STOP_AND_REQUEUE, de.is_main)
+            stop_after_checkpoint(int(decision), done, de.is_main, dist.barrier)
     progress.close()
     if eval_set and "eval_loss" not in metrics:
         metrics["eval_loss"] = evaluate(engine, maker, eval_set, de)
