@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 
 from .base import ConfigError, field
 from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig, TrainConfig
+from .slurm import SlurmConfig
 
 
 @dataclass
@@ -167,6 +168,7 @@ class ORPOObjective:
 
 _MODEL_HELP = "the model and its adapters"
 _TRAIN_HELP = "optimisation; train_batch_size and micro_train_batch_size count pairs (KTO: rows)"
+_SLURM_HELP = "SLURM job: resources, preemption, requeue"
 
 
 @dataclass
@@ -179,6 +181,7 @@ class RMConfig:
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
     def validate(self) -> None:
         if self.model.lora_rank > 0 or self.model.load_in_4bit:
@@ -195,6 +198,7 @@ class DPOConfig:
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
 
 @dataclass
@@ -206,6 +210,7 @@ class KTOConfig:
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
 
 @dataclass
@@ -217,6 +222,7 @@ class SimPOConfig:
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
 
 @dataclass
@@ -228,3 +234,4 @@ class ORPOConfig:
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)

@@ -62,6 +62,19 @@ class StopRequest:
         self._previous = {}
 
 
+def step_boundary(stop: StopRequest, done: int, total: int, save_steps: int, save, agree, leader: bool,
+                  barrier, before_stop=lambda: None) -> None:
+    """End of step ``done`` of ``total``, on every rank: agree on a stop (``agree``: maximum over all
+    ranks), ``save(done)`` when stopping or every ``save_steps``, and when stopping raise RunStopped."""
+    decision = int(agree(stop.code()))
+    stopping = decision != NONE and done < total
+    if done < total and (stopping or (save_steps > 0 and done % save_steps == 0)):
+        save(done)
+    if stopping:
+        before_stop()
+        stop_after_checkpoint(decision, done, leader, barrier)
+
+
 def stop_after_checkpoint(decision: int, step: int, leader: bool, barrier) -> None:
     """Called on every rank once the checkpoint of ``step`` is committed; always raises RunStopped."""
     requeue = decision == STOP_AND_REQUEUE

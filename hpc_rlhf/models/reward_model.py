@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from ..config.sections import ModelConfig
-from .loading import resolve_pretrained
+from .loading import _enable_checkpointing, resolve_pretrained
 
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 HEAD_NAMES = ("score", "classifier", "v_head")
@@ -30,7 +30,7 @@ def load_reward_model(cfg: ModelConfig, pad_token_id: int):
     model.config.pad_token_id = pad_token_id
     model.config.use_cache = False
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _enable_checkpointing(model)
     return model.train()
 
 

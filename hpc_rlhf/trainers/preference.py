@@ -21,11 +21,13 @@ from ..config import dump_yaml
 from ..data.batching import EpochSampler
 from ..dist.env import DistEnv, device_for, init_distributed, shutdown
 from ..engines.deepspeed_strategy import build_engine, configure_deepspeed_env
+from ..launch.preemption import StopRequest, step_boundary
+from ..launch.slurm_env import restart_count
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 from ..models.loading import load_tokenizer, resolve_pretrained
 from .objectives import PREFERENCE_OBJECTIVES, Objective
-from .objectives.common import Stats, StepView, balanced_chunks, chunks
+from .objectives.common import Stats, StepView, balanced_chunks, chunks, max_over_ranks
 
 log = logging.getLogger("hpc_rlhf.preference")
 
@@ -58,9 +60,11 @@ def evaluate(engine, unit: Objective, items: list, de: DistEnv) -> dict[str, flo
     stats = Stats()
     for group, keep in balanced_chunks(view.mine, unit.micro, items[:1]):
         out = unit.loss(engine, group, ctx)
-        if keep:
-            stats.add("loss", float(out.loss) * out.count, out.count)
-            stats.update(out.stats)
+        # a filler run (a rank with fewer eval items) adds its keys with zero weight: every rank then
+        # reduces the same metrics, even one that holds no eval item at all
+        w = 1.0 if keep else 0.0
+        stats.add("loss", w * float(out.loss) * out.count, w * out.count)
+        stats.update({k: (w * s, w * n) for k, (s, n) in out.stats.items()})
     engine.train()
     return {f"eval_{k}": v for k, v in stats.means().items()}
 
@@ -69,13 +73,15 @@ def run_preference(cfg) -> dict[str, float]:
     """Train the objective ``cfg.objective`` names; returns the last logged metrics (on every rank)."""
     configure_deepspeed_env()
     de = init_distributed(cfg.launch.backend)
+    stop = StopRequest.from_config(cfg.slurm)
     try:
-        return _run(cfg, de)
+        return _run(cfg, de, stop)
     finally:
+        stop.restore()
         shutdown()
 
 
-def _run(cfg, de: DistEnv) -> dict[str, float]:
+def _run(cfg, de: DistEnv, stop: StopRequest) -> dict[str, float]:
     t_start = time.time()
     name = cfg.objective.unit
     seed_everything(cfg.train.seed)
@@ -102,7 +108,7 @@ def _run(cfg, de: DistEnv) -> dict[str, float]:
                           de.world_size)
 
     start = 0
-    if cfg.ckpt.load_checkpoint:
+    if cfg.ckpt.load_checkpoint or restart_count() > 0:  # a requeued job always resumes
         path = latest_checkpoint(cfg.ckpt.ckpt_path)
         if path is not None:
             start = load_checkpoint({"model": engine}, path)["step"]
@@ -132,8 +138,10 @@ def _run(cfg, de: DistEnv) -> dict[str, float]:
         if done % cfg.log.logging_steps == 0 or done == total_steps:
             metrics_log.log(done, metrics)
         progress.update(done, metrics, done % cfg.log.logging_steps == 0)
-        if cfg.ckpt.save_steps > 0 and done % cfg.ckpt.save_steps == 0 and done < total_steps:
-            save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, done, {"step": done}, cfg.ckpt.max_ckpt_num)
+        step_boundary(stop, done, total_steps, cfg.ckpt.save_steps,
+                      lambda n: save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n},
+                                                cfg.ckpt.max_ckpt_num),
+                      max_over_ranks, de.is_main, dist.barrier, lambda: (progress.close(), metrics_log.close()))
     progress.close()
     if eval_set and "eval_loss" not in metrics:
         final = evaluate(engine, unit, eval_set, de)

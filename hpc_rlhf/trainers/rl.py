@@ -37,7 +37,7 @@ from ..dist.weight_sync import actor_buckets, receive_weights, send_weights, unp
 from ..dist.worlds import RoleContext, join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
 from ..engines.rollout import tensor_checksum
-from ..launch.preemption import NONE, RunStopped, StopRequest, stop_after_checkpoint
+from ..launch.preemption import RunStopped, StopRequest, step_boundary
 from ..launch.slurm_env import restart_count
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
@@ -125,6 +125,9 @@ class RLRun:
         return {name: role.engine for name, role in (("actor", self.actor), ("critic", self.critic)) if role}
 
     # ---- phases -------------------------------------------------------------------------------
+    def _max_over_ranks(self, value: int) -> int:
+        return int(self.ctx.control.all_reduce(torch.tensor([value]), dist.ReduceOp.MAX)[0])
+
     def _exchange(self, mine):
         return self.ctx.control.all_gather_object(mine)
 
@@ -317,14 +320,9 @@ class RLRun:
                 metrics_log.log(done, last)
             progress.update(done, {"loss": last.get("actor/loss", float("nan")), "lr": last.get("actor/lr", 0.0)},
                             done % cfg.log.logging_steps == 0)
-            decision = int(self.ctx.control.all_reduce(torch.tensor([self.stop.code()]), dist.ReduceOp.MAX)[0])
-            stopping = decision != NONE and done < self.total_steps  # every role stops at the same step
-            if done < self.total_steps and (stopping or (cfg.ckpt.save_steps > 0 and done % cfg.ckpt.save_steps == 0)):
-                self.save(done)
-            if stopping:
-                progress.close()
-                metrics_log.close()
-                stop_after_checkpoint(decision, done, self.ctx.global_rank == 0, self.ctx.control.barrier)
+            step_boundary(self.stop, done, self.total_steps, cfg.ckpt.save_steps, self.save, self._max_over_ranks,
+                          self.ctx.global_rank == 0, self.ctx.control.barrier,
+                          lambda: (progress.close(), metrics_log.close()))
         progress.close()
         metrics_log.close()
         if self.actor is not None:

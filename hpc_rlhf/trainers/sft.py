@@ -18,7 +18,7 @@ from ..data.packing import Batch, collate_packed, collate_padded, packed_attenti
 from ..data.sft import Sample, load_sft_data
 from ..dist.env import DistEnv, device_for, init_distributed, shutdown
 from ..engines.deepspeed_strategy import build_engine, configure_deepspeed_env
-from ..launch.preemption import StopRequest, stop_after_checkpoint
+from ..launch.preemption import StopRequest, step_boundary
 from ..launch.slurm_env import restart_count
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
@@ -176,15 +176,11 @@ def _run(cfg: SFTConfig, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         if done % cfg.log.logging_steps == 0 or done == total_steps:
             metrics_log.log(done, metrics)
         progress.update(done, metrics, done % cfg.log.logging_steps == 0)
-        (decision,) = _all_reduce([stop.code()], dist.ReduceOp.MAX)  # every rank stops at the same step
-        stopping = bool(decision) and done < total_steps
-        periodic = cfg.ckpt.save_steps > 0 and done % cfg.ckpt.save_steps == 0 and done < total_steps
-        if stopping or periodic:
-            save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, done, {"step": done}, cfg.ckpt.max_ckpt_num)
-        if stopping:
-            progress.close()
-            metrics_log.close()
-            stop_after_checkpoint(int(decision), done, de.is_main, dist.barrier)
+        step_boundary(stop, done, total_steps, cfg.ckpt.save_steps,
+                      lambda n: save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n},
+                                                cfg.ckpt.max_ckpt_num),
+                      lambda code: _all_reduce([code], dist.ReduceOp.MAX)[0], de.is_main, dist.barrier,
+                      lambda: (progress.close(), metrics_log.close()))
     progress.close()
     if eval_set and "eval_loss" not in metrics:
         metrics["eval_loss"] = evaluate(engine, maker, eval_set, de)

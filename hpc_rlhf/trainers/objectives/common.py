@@ -18,7 +18,6 @@ from ...algorithms.preference import sequence_logprobs
 from ...algorithms.registry import Registry
 from ...checkpoint.hf_export import save_hf
 from ...data.packing import Batch, collate_padded
-from ...data.sft import Sample
 from ...models.loading import load_causal_lm
 
 PREFERENCE_OBJECTIVES: Registry = Registry("preference objective")
@@ -28,15 +27,25 @@ PREFERENCE_OBJECTIVES: Registry = Registry("preference objective")
 # collectives and micro-batches
 
 
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+def _reduce(t: torch.Tensor, op) -> torch.Tensor:
+    """In-place all-reduce over every rank (returned for chaining); a no-op in a single process.
+    NCCL reduces CUDA tensors only: a CPU tensor makes the round trip through the current GPU."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return t
+    if dist.get_backend() == "nccl" and not t.is_cuda:
+        on_gpu = t.cuda()
+        dist.all_reduce(on_gpu, op=op)
+        return t.copy_(on_gpu.cpu())
+    dist.all_reduce(t, op=op)
+    return t
 
 
 def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
-    """In-place sum over every rank (returned for chaining); a no-op in a single process."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t
+    return _reduce(t, dist.ReduceOp.SUM)
+
+
+def max_over_ranks(value: int) -> int:
+    return int(_reduce(torch.tensor([value], dtype=torch.int64), dist.ReduceOp.MAX).item())
 
 
 def chunks(items: Sequence, size: int) -> list[list]:
@@ -47,11 +56,8 @@ def balanced_chunks(items: Sequence, size: int, filler: Sequence) -> list[tuple[
     """Micro-batches of ``size`` items, as many on every rank: a rank with fewer runs ``filler``
     (flagged False: its result is discarded), since ZeRO-3 gathers parameters inside every forward."""
     groups = [(g, True) for g in chunks(items, size)]
-    t = torch.tensor([len(groups)], dtype=torch.int64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
     fill = list(groups[-1][0]) if groups else list(filler[:size])
-    return groups + [(fill, False)] * (int(t.item()) - len(groups))
+    return groups + [(fill, False)] * (max_over_ranks(len(groups)) - len(groups))
 
 
 @dataclass
@@ -203,7 +209,7 @@ class PolicyObjective(Objective):
 
 
 class Reference:
-    """The frozen reference model on this rank, and log-probs of batches or of whole data sets."""
+    """The frozen reference model on this rank (a full copy, in eval mode) and the log-probs it gives."""
 
     def __init__(self, cfg, device, pad_id: int):
         obj = cfg.objective
@@ -215,12 +221,6 @@ class Reference:
     @torch.no_grad()
     def batch_logps(self, batch: Batch) -> torch.Tensor:
         return sequence_logps(self.model, batch)[0]
-
-    @torch.no_grad()
-    def sequences_logps(self, samples: list[Sample], micro: int) -> torch.Tensor:
-        """Summed response log-probs of samples (micro-batches of ``micro`` rows)."""
-        out = [self.batch_logps(collate_padded(g, self.pad_id).to(self.device)) for g in chunks(samples, micro)]
-        return torch.cat(out).float().cpu() if out else torch.zeros(0)
 
     def free(self) -> None:
         self.model = None

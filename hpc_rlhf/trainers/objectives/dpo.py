@@ -11,8 +11,8 @@ from .common import (PREFERENCE_OBJECTIVES, LossOut, PolicyObjective, Reference,
                      pair_stats, scalar_stat, split_pairs, sum_over_ranks)
 
 
-def precompute_pair_logps(ref: Reference, datasets: Sequence[list], micro: int, rank: int, world: int,
-                          device) -> dict[int, tuple[float, float]]:
+def precompute_pair_logps(ref: Reference, datasets: Sequence[list], micro: int, rank: int,
+                          world: int) -> dict[int, tuple[float, float]]:
     """Reference log-probs (chosen, rejected) of every distinct pair of ``datasets``, keyed by ``id(pair)``.
 
     The pairs are sharded over the ranks, scored in micro-batches of ``micro`` pairs (chosen and rejected
@@ -21,9 +21,10 @@ def precompute_pair_logps(ref: Reference, datasets: Sequence[list], micro: int, 
     table = torch.zeros(len(pairs), 2, dtype=torch.float64)
     mine = list(range(rank, len(pairs), world))
     for group in chunks(mine, micro):
-        chosen, rejected = split_pairs(ref.batch_logps(collate_pairs([pairs[i] for i in group], ref.pad_id, device)))
+        batch = collate_pairs([pairs[i] for i in group], ref.pad_id, ref.device)
+        chosen, rejected = split_pairs(ref.batch_logps(batch))
         table[group] = torch.stack([chosen, rejected], dim=-1).double().cpu()
-    table = sum_over_ranks(table.to(device)).cpu()
+    table = sum_over_ranks(table)
     return {id(p): (float(table[i, 0]), float(table[i, 1])) for i, p in enumerate(pairs)}
 
 
@@ -36,8 +37,7 @@ class DPO(PolicyObjective):
         self.ref = Reference(self.cfg, self.device, self.pad_id)
         self.cached: dict[int, tuple[float, float]] | None = None
         if self.cfg.objective.ref_precompute:
-            self.cached = precompute_pair_logps(self.ref, datasets, self.micro, self.de.rank, self.de.world_size,
-                                                self.device)
+            self.cached = precompute_pair_logps(self.ref, datasets, self.micro, self.de.rank, self.de.world_size)
             self.ref.free()
             self.ref = None
 
