@@ -16,7 +16,9 @@ TRAINERS = {"sft": ("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.sft:run_
             "dpo": ("hpc_rlhf.config.preference:DPOConfig", "hpc_rlhf.trainers.preference:run_preference"),
             "kto": ("hpc_rlhf.config.preference:KTOConfig", "hpc_rlhf.trainers.preference:run_preference"),
             "simpo": ("hpc_rlhf.config.preference:SimPOConfig", "hpc_rlhf.trainers.preference:run_preference"),
-            "orpo": ("hpc_rlhf.config.preference:ORPOConfig", "hpc_rlhf.trainers.preference:run_preference")}
+            "orpo": ("hpc_rlhf.config.preference:ORPOConfig", "hpc_rlhf.trainers.preference:run_preference"),
+            "prm": ("hpc_rlhf.config.preference:PRMConfig", "hpc_rlhf.trainers.preference:run_preference"),
+            "kd": ("hpc_rlhf.config.preference:KDConfig", "hpc_rlhf.trainers.preference:run_preference")}
 # Trainers whose rank count follows from their placement plan rather than launch.nproc.
 PLANNED = {"rl": "hpc_rlhf.trainers.rl:plan_from_config"}
 
@@ -155,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the tiny end-to-end job: synthetic addition task, training, held-out accuracy")
     demo_args(d)
     d.set_defaults(func=cmd_demo)
+
+    from .pipelines.cli import add_subcommands as pipeline_commands
+    pipeline_commands(sub)  # generate, score, iterative-dpo, best-of-n, make-pairs, csft-data
     return p
 
 

@@ -1,4 +1,4 @@
-"""Configs of the preference trainers: `hpc-rlhf train rm|dpo|kto|simpo|orpo`.
+"""Configs of the preference trainers: `hpc-rlhf train rm|dpo|kto|simpo|orpo|prm|kd`.
 
 Every trainer has the sections of `train sft` (model, train, ckpt, log, launch), a data section for
 preference data (pairs, or labelled single completions for KTO) and an `objective` section with the
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from .base import ConfigError, field
-from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig, TrainConfig
+from .sections import CheckpointConfig, DataConfig, LaunchConfig, LogConfig, ModelConfig, TrainConfig
 from .slurm import SlurmConfig
 
 
@@ -235,3 +235,122 @@ class ORPOConfig:
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
     slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
+
+
+# ---------------------------------------------------------------------------------------------------
+# process reward model (prm) and knowledge distillation (kd)
+
+
+@dataclass
+class ProcessDataConfig:
+    """PRM rows: a text with a step placeholder after each reasoning step and one label per step."""
+    # the shared loop reads the tokenizer override from the data section; PRM data has no chat rendering
+    tokenizer_chat_template: ClassVar[None] = None
+    dataset: list[str] = field(help="comma-separated data sources: json/jsonl/parquet/csv/arrow files, "
+                                    "datasets save_to_disk folders, or hub names (online only); "
+                                    "'name@split' picks a split")
+    dataset_probs: list[float] | None = field(None, help="mixing probabilities, one per dataset (default: "
+                                                         "all rows of every dataset, in order)")
+    dataset_split: str = field("train", help="split read from sources that have several")
+    eval_dataset: list[str] | None = field(None, help="held-out data sources (same formats as dataset)")
+    eval_split_ratio: float = field(0.0, help="when no eval_dataset is given, hold out this fraction of "
+                                              "the training rows for evaluation")
+    max_eval_samples: int | None = field(None, help="cap on eval rows")
+    input_key: str = field("input", help="column holding the text: the question and its reasoning steps, "
+                                         "each step followed by the placeholder")
+    label_key: str = field("labels", help="column holding the list of step labels, one per placeholder "
+                                          "(hard: '+'/'-', true/false or 1/0; soft_labels: numbers in [0, 1])")
+    placeholder: str = field("ки", help="the step placeholder string in the text; it must tokenize to exactly "
+                                        "one token (add it to the tokenizer as a token if it does not)")
+    soft_labels: bool = field(False, help="labels are probabilities in [0, 1] that the step is correct (soft "
+                                          "cross-entropy) instead of hard correct/incorrect labels")
+    max_len: int = field(2048, help="maximum tokens of one row; a longer row is a bad row")
+    max_samples: int | None = field(None, help="cap on training rows after mixing")
+    bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, no "
+                                                            "placeholder, label count not the placeholder "
+                                                            "count, unknown label, longer than max_len): skip "
+                                                            "it and report the counts, or stop with an error")
+
+    def validate(self) -> None:
+        if not self.dataset:
+            raise ConfigError("data.dataset is empty: name at least one data source")
+        if self.dataset_probs is not None:
+            if len(self.dataset_probs) != len(self.dataset):
+                raise ConfigError(f"data.dataset_probs has {len(self.dataset_probs)} values for "
+                                  f"{len(self.dataset)} datasets: give one probability per dataset")
+            if any(p < 0 for p in self.dataset_probs) or sum(self.dataset_probs) <= 0:
+                raise ConfigError("data.dataset_probs must be non-negative and not all zero")
+        if not 0.0 <= self.eval_split_ratio < 1.0:
+            raise ConfigError(f"data.eval_split_ratio must be in [0, 1), got {self.eval_split_ratio}")
+        if self.eval_dataset and self.eval_split_ratio > 0:
+            raise ConfigError("data.eval_dataset and data.eval_split_ratio exclude each other: evaluate on the "
+                              "given eval_dataset or hold out a fraction of the training rows, not both")
+        if self.max_len < 2:
+            raise ConfigError(f"data.max_len must be >= 2, got {self.max_len}")
+        if not self.placeholder:
+            raise ConfigError("data.placeholder is empty: name the string that marks the end of each step")
+
+
+@dataclass
+class ProcessRewardObjective:
+    unit: ClassVar[str] = "prm"
+    positive_token: str = field("+", help="the token the PRM answers for a correct step (one token)")
+    negative_token: str = field("-", help="the token the PRM answers for an incorrect step (one token)")
+
+    def validate(self) -> None:
+        if not self.positive_token or not self.negative_token:
+            raise ConfigError("objective.positive_token and objective.negative_token must not be empty")
+        if self.positive_token == self.negative_token:
+            raise ConfigError("objective.positive_token and objective.negative_token must differ")
+
+
+@dataclass
+class DistillObjective:
+    unit: ClassVar[str] = "kd"
+    teacher_pretrain: str | None = field(None, help="the teacher: HF model folder or hub name (same vocabulary "
+                                                    "as the student); frozen, on the same ranks (required)")
+    kd_coef: float = field(0.5, help="α in (1 − α)·CE + α·KL(teacher ‖ student) per token: 0 is plain SFT, "
+                                     "1 pure distillation")
+    temperature: float = field(1.0, help="τ: both distributions are softmax(logits / τ) in the KL, which is "
+                                         "multiplied by τ² (the CE stays at τ = 1)")
+
+    def validate(self) -> None:
+        if not self.teacher_pretrain:
+            raise ConfigError("objective.teacher_pretrain is not set: name the teacher model")
+        if not 0.0 <= self.kd_coef <= 1.0:
+            raise ConfigError(f"objective.kd_coef must be in [0, 1], got {self.kd_coef}")
+        if self.temperature <= 0:
+            raise ConfigError(f"objective.temperature must be > 0, got {self.temperature}")
+
+
+@dataclass
+class PRMConfig:
+    model: ModelConfig = field(help="the causal LM trained as the PRM (it answers the reward tokens at each "
+                                    "placeholder)")
+    data: ProcessDataConfig = field(help="texts with step placeholders and step labels")
+    objective: ProcessRewardObjective = field(default_factory=ProcessRewardObjective,
+                                              help="the reward tokens of the PRM loss")
+    train: TrainConfig = field(default_factory=TrainConfig,
+                               help="optimisation; train_batch_size and micro_train_batch_size count rows")
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
+    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
+    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
+
+
+@dataclass
+class KDConfig:
+    model: ModelConfig = field(help="the student and its adapters")
+    data: DataConfig = field(help="SFT data (prompt/response or chat); the loss covers the response tokens")
+    objective: DistillObjective = field(default_factory=DistillObjective, help="the teacher and the KD loss")
+    train: TrainConfig = field(default_factory=TrainConfig,
+                               help="optimisation; train_batch_size and micro_train_batch_size count samples")
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
+    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
+    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
+
+    def validate(self) -> None:
+        if self.data.packing_samples or self.data.micro_batch_tokens is not None:
+            raise ConfigError("train kd uses padded micro-batches of micro_train_batch_size samples: "
+                              "data.packing_samples and data.micro_batch_tokens are not supported")

@@ -5,13 +5,17 @@ import dataclasses
 from pathlib import Path
 
 from .base import _type_name, leaf_paths
-from .preference import DPOConfig, KTOConfig, ORPOConfig, RMConfig, SimPOConfig
+from .preference import DPOConfig, KDConfig, KTOConfig, ORPOConfig, PRMConfig, RMConfig, SimPOConfig
 from .rl import RLConfig
 from .sft import SFTConfig
 
 COMMANDS: dict[str, type] = {"train sft": SFTConfig, "train rl": RLConfig, "train rm": RMConfig,
                              "train dpo": DPOConfig, "train kto": KTOConfig, "train simpo": SimPOConfig,
-                             "train orpo": ORPOConfig}
+                             "train orpo": ORPOConfig, "train prm": PRMConfig, "train kd": KDConfig}
+# The pipeline commands (docs/pipelines.md).
+from .pipelines import GenerateConfig, IterativeDPOConfig, ScoreConfig  # noqa: E402
+
+COMMANDS.update({"generate": GenerateConfig, "score": ScoreConfig, "iterative-dpo": IterativeDPOConfig})
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "options.md"
 
 

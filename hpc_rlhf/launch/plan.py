@@ -26,9 +26,15 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
     m, t = cfg.model, cfg.train
     actor = memory.model_shape(m.pretrain)
     lora = m.lora_rank > 0
-    if plan is None:
-        return {"actor": memory.trained(actor, m.param_dtype, t.zero_stage, cfg.launch.nproc, lora, t.adam_offload,
-                                        t.micro_train_batch_size, cfg.data.max_len, m.gradient_checkpointing)}
+    if plan is None:  # one role group: the trained model, and a frozen reference or teacher on its ranks
+        out = {"actor": memory.trained(actor, m.param_dtype, t.zero_stage, cfg.launch.nproc, lora, t.adam_offload,
+                                       t.micro_train_batch_size, cfg.data.max_len, m.gradient_checkpointing)}
+        objective = getattr(cfg, "objective", None)
+        for attr, role in (("ref_pretrain", "reference"), ("teacher_pretrain", "teacher")):
+            if hasattr(objective, attr) and not (role == "reference" and getattr(objective, "ref_precompute", False)):
+                path = getattr(objective, attr) or m.pretrain
+                out[role] = memory.frozen(actor if path == m.pretrain else memory.model_shape(path), m.param_dtype)
+        return out
     seq = cfg.data.prompt_max_len + cfg.rollout.generate_max_len
     out = {}
     for role in ("actor", "critic"):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 
@@ -43,11 +42,6 @@ def in_slurm_step(env=None) -> bool:
 def restart_count(env=None) -> int:
     env = os.environ if env is None else env
     return int(env.get("SLURM_RESTART_COUNT", "0") or 0)
-
-
-def job_id(env=None) -> str | None:
-    env = os.environ if env is None else env
-    return env.get("SLURM_JOB_ID")
 
 
 def rendezvous_port(job: int, step: int, restart: int) -> int:
@@ -87,9 +81,3 @@ def adopt_slurm_rendezvous() -> bool:
         import torch
         torch.set_num_threads(int(values["OMP_NUM_THREADS"]))
     return True
-
-
-def attempt_dir(log_dir: str | Path, env=None) -> Path:
-    """LOG_DIR/JOBID/attempt-N: where the ranks of one (re)start of the job write their logs."""
-    env = os.environ if env is None else env
-    return Path(log_dir) / env.get("SLURM_JOB_ID", "local") / f"attempt-{restart_count(env)}"

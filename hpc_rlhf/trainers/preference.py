@@ -14,18 +14,19 @@ import math
 import time
 
 import torch
+import torch.distributed as dist
 
 from ..checkpoint.rng import seed_everything
-from ..checkpoint.store import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..checkpoint.store import save_checkpoint
 from ..config import dump_yaml
 from ..data.batching import EpochSampler
 from ..dist.env import DistEnv, device_for, init_distributed, shutdown
 from ..engines.deepspeed_strategy import build_engine, configure_deepspeed_env
 from ..launch.preemption import StopRequest, step_boundary
-from ..launch.slurm_env import restart_count
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 from ..models.loading import load_tokenizer, resolve_pretrained
+from .resume import resume
 from .objectives import PREFERENCE_OBJECTIVES, Objective
 from .objectives.common import Stats, StepView, balanced_chunks, chunks, max_over_ranks
 
@@ -107,15 +108,8 @@ def _run(cfg, de: DistEnv, stop: StopRequest) -> dict[str, float]:
     engine = build_engine(model, cfg.train, cfg.train.learning_rate, cfg.model.param_dtype, total_steps,
                           de.world_size)
 
-    start = 0
-    if cfg.ckpt.load_checkpoint or restart_count() > 0:  # a requeued job always resumes
-        path = latest_checkpoint(cfg.ckpt.ckpt_path)
-        if path is not None:
-            start = load_checkpoint({"model": engine}, path)["step"]
-            if de.is_main:
-                log.info("resumed from %s at step %d", path, start)
-        elif de.is_main:
-            log.info("load_checkpoint: no committed checkpoint in %s; starting fresh", cfg.ckpt.ckpt_path)
+    state = resume({"model": engine}, cfg.ckpt, de.is_main)
+    start = state["step"] if state else 0
     if de.is_main and sampler.padded_in_last_step:
         log.info("the last step of each epoch repeats %d samples to fill train_batch_size",
                  sampler.padded_in_last_step)

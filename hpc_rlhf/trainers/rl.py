@@ -26,7 +26,7 @@ from ..algorithms.kl import compute_kl, kl_penalty_rewards, make_kl_controller
 from ..algorithms.registry import ADVANTAGE_ESTIMATORS
 from ..checkpoint.hf_export import save_hf
 from ..checkpoint.rng import seed_everything
-from ..checkpoint.store import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..checkpoint.store import save_checkpoint
 from ..config import ConfigError, dump_yaml
 from ..config.rl import RLConfig
 from ..data.batching import EpochSampler
@@ -38,9 +38,9 @@ from ..dist.worlds import RoleContext, join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
 from ..engines.rollout import tensor_checksum
 from ..launch.preemption import RunStopped, StopRequest, step_boundary
-from ..launch.slurm_env import restart_count
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
+from .resume import resume
 from ..models.loading import load_tokenizer, resolve_pretrained
 from ..rewards.shaping import RunningMoments, normalize_rewards
 from ..roles.experience import Experience, padded, shard_groups, unpadded
@@ -379,18 +379,11 @@ class RLRun:
                         self.cfg.ckpt.max_ckpt_num, rank=self.ctx.global_rank, barrier=self.ctx.control.barrier)
 
     def _maybe_resume(self) -> int:
-        if not (self.cfg.ckpt.load_checkpoint or restart_count() > 0):  # a requeued job always resumes
+        state = resume(self.engines(), self.cfg.ckpt, self.is_main, rank=self.ctx.global_rank)
+        if state is None:
             return 0
-        path = latest_checkpoint(self.cfg.ckpt.ckpt_path)
-        if path is None:
-            if self.is_main:
-                log.info("load_checkpoint: no committed checkpoint in %s; starting fresh", self.cfg.ckpt.ckpt_path)
-            return 0
-        state = load_checkpoint(self.engines(), path, rank=self.ctx.global_rank)
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         self.reward_moments.load_state_dict(state["reward_moments"])
-        if self.is_main:
-            log.info("resumed from %s at step %d", path, state["step"])
         return state["step"]
 
 

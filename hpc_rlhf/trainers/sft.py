@@ -11,7 +11,7 @@ import torch.distributed as dist
 from ..algorithms.sft_loss import step_token_mean, token_nll_sum
 from ..checkpoint.hf_export import save_hf
 from ..checkpoint.rng import seed_everything
-from ..checkpoint.store import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..checkpoint.store import save_checkpoint
 from ..config import SFTConfig, dump_yaml
 from ..data.batching import EpochSampler, split_micro_batches
 from ..data.packing import Batch, collate_packed, collate_padded, packed_attention_mask
@@ -19,10 +19,10 @@ from ..data.sft import Sample, load_sft_data
 from ..dist.env import DistEnv, device_for, init_distributed, shutdown
 from ..engines.deepspeed_strategy import build_engine, configure_deepspeed_env
 from ..launch.preemption import StopRequest, step_boundary
-from ..launch.slurm_env import restart_count
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 from ..models.loading import check_packing, load_causal_lm, load_tokenizer, resolve_pretrained
+from .resume import resume
 
 log = logging.getLogger("hpc_rlhf.sft")
 
@@ -144,16 +144,8 @@ def _run(cfg: SFTConfig, de: DistEnv, stop: StopRequest) -> dict[str, float]:
                           de.world_size)
     maker = BatchMaker(cfg, tokenizer.pad_token_id, dtype, device_for(de))
 
-    start = 0
-    if cfg.ckpt.load_checkpoint or restart_count() > 0:  # a requeued job always resumes
-        path = latest_checkpoint(cfg.ckpt.ckpt_path)
-        if path is not None:
-            state = load_checkpoint({"model": engine}, path)
-            start = state["step"]
-            if de.is_main:
-                log.info("resumed from %s at step %d", path, start)
-        elif de.is_main:
-            log.info("load_checkpoint: no committed checkpoint in %s; starting fresh", cfg.ckpt.ckpt_path)
+    state = resume({"model": engine}, cfg.ckpt, de.is_main)
+    start = state["step"] if state else 0
     if de.is_main and sampler.padded_in_last_step:
         log.info("the last step of each epoch repeats %d samples to fill train_batch_size",
                  sampler.padded_in_last_step)
