@@ -167,21 +167,26 @@ class ORPOObjective:
 
 
 _MODEL_HELP = "the model and its adapters"
-_TRAIN_HELP = "optimisation; train_batch_size and micro_train_batch_size count pairs (KTO: rows)"
-_SLURM_HELP = "SLURM job: resources, preemption, requeue"
 
 
-@dataclass
-class RMConfig:
+@dataclass(kw_only=True)
+class TrainerSections:
+    """The sections every preference-family trainer shares (each adds model, data and objective)."""
+    train: TrainConfig = field(default_factory=TrainConfig, help="optimisation; train_batch_size and "
+                               "micro_train_batch_size count pairs (rm, dpo, simpo, orpo), rows (kto, prm) "
+                               "or samples (kd)")
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
+    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
+    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, help="SLURM job: resources, preemption, requeue")
+
+
+@dataclass(kw_only=True)
+class RMConfig(TrainerSections):
     model: ModelConfig = field(help="the causal-LM folder the reward model starts from (its LM head is "
                                     "replaced by a fresh one-output score head)")
     data: PairDataConfig = field(help="preference pairs")
     objective: RewardObjective = field(default_factory=RewardObjective, help="reward-model loss")
-    train: TrainConfig = field(default_factory=TrainConfig, help=_TRAIN_HELP)
-    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
-    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
-    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
-    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
     def validate(self) -> None:
         if self.model.lora_rank > 0 or self.model.load_in_4bit:
@@ -189,52 +194,32 @@ class RMConfig:
                               "are not supported for reward models yet")
 
 
-@dataclass
-class DPOConfig:
+@dataclass(kw_only=True)
+class DPOConfig(TrainerSections):
     model: ModelConfig = field(help=_MODEL_HELP)
     data: PairDataConfig = field(help="preference pairs")
     objective: DPOObjective = field(default_factory=DPOObjective, help="DPO / IPO / cDPO loss and the reference")
-    train: TrainConfig = field(default_factory=TrainConfig, help=_TRAIN_HELP)
-    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
-    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
-    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
-    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
 
-@dataclass
-class KTOConfig:
+@dataclass(kw_only=True)
+class KTOConfig(TrainerSections):
     model: ModelConfig = field(help=_MODEL_HELP)
     data: UnpairedDataConfig = field(help="prompts with one completion labelled desirable or not")
     objective: KTOObjective = field(default_factory=KTOObjective, help="KTO loss and the reference")
-    train: TrainConfig = field(default_factory=TrainConfig, help=_TRAIN_HELP)
-    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
-    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
-    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
-    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
 
-@dataclass
-class SimPOConfig:
+@dataclass(kw_only=True)
+class SimPOConfig(TrainerSections):
     model: ModelConfig = field(help=_MODEL_HELP)
     data: PairDataConfig = field(help="preference pairs")
     objective: SimPOObjective = field(default_factory=SimPOObjective, help="SimPO loss (no reference model)")
-    train: TrainConfig = field(default_factory=TrainConfig, help=_TRAIN_HELP)
-    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
-    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
-    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
-    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
 
-@dataclass
-class ORPOConfig:
+@dataclass(kw_only=True)
+class ORPOConfig(TrainerSections):
     model: ModelConfig = field(help=_MODEL_HELP)
     data: PairDataConfig = field(help="preference pairs")
     objective: ORPOObjective = field(default_factory=ORPOObjective, help="ORPO loss (no reference model)")
-    train: TrainConfig = field(default_factory=TrainConfig, help=_TRAIN_HELP)
-    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
-    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
-    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
-    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -323,32 +308,20 @@ class DistillObjective:
             raise ConfigError(f"objective.temperature must be > 0, got {self.temperature}")
 
 
-@dataclass
-class PRMConfig:
+@dataclass(kw_only=True)
+class PRMConfig(TrainerSections):
     model: ModelConfig = field(help="the causal LM trained as the PRM (it answers the reward tokens at each "
                                     "placeholder)")
     data: ProcessDataConfig = field(help="texts with step placeholders and step labels")
     objective: ProcessRewardObjective = field(default_factory=ProcessRewardObjective,
                                               help="the reward tokens of the PRM loss")
-    train: TrainConfig = field(default_factory=TrainConfig,
-                               help="optimisation; train_batch_size and micro_train_batch_size count rows")
-    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
-    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
-    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
-    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
 
-@dataclass
-class KDConfig:
+@dataclass(kw_only=True)
+class KDConfig(TrainerSections):
     model: ModelConfig = field(help="the student and its adapters")
     data: DataConfig = field(help="SFT data (prompt/response or chat); the loss covers the response tokens")
     objective: DistillObjective = field(default_factory=DistillObjective, help="the teacher and the KD loss")
-    train: TrainConfig = field(default_factory=TrainConfig,
-                               help="optimisation; train_batch_size and micro_train_batch_size count samples")
-    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
-    log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
-    launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
-    slurm: SlurmConfig = field(default_factory=SlurmConfig, help=_SLURM_HELP)
 
     def validate(self) -> None:
         if self.data.packing_samples or self.data.micro_batch_tokens is not None:

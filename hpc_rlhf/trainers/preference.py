@@ -20,13 +20,13 @@ from ..checkpoint.rng import seed_everything
 from ..checkpoint.store import save_checkpoint
 from ..config import dump_yaml
 from ..data.batching import EpochSampler
-from ..dist.env import DistEnv, device_for, init_distributed, shutdown
-from ..engines.deepspeed_strategy import build_engine, configure_deepspeed_env
+from ..dist.env import DistEnv, device_for
+from ..engines.deepspeed_strategy import build_engine
 from ..launch.preemption import StopRequest, step_boundary
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 from ..models.loading import load_tokenizer, resolve_pretrained
-from .resume import resume
+from .lifecycle import resume, run_in_world
 from .objectives import PREFERENCE_OBJECTIVES, Objective
 from .objectives.common import Stats, StepView, balanced_chunks, chunks, max_over_ranks
 
@@ -72,14 +72,7 @@ def evaluate(engine, unit: Objective, items: list, de: DistEnv) -> dict[str, flo
 
 def run_preference(cfg) -> dict[str, float]:
     """Train the objective ``cfg.objective`` names; returns the last logged metrics (on every rank)."""
-    configure_deepspeed_env()
-    de = init_distributed(cfg.launch.backend)
-    stop = StopRequest.from_config(cfg.slurm)
-    try:
-        return _run(cfg, de, stop)
-    finally:
-        stop.restore()
-        shutdown()
+    return run_in_world(cfg, _run)
 
 
 def _run(cfg, de: DistEnv, stop: StopRequest) -> dict[str, float]:

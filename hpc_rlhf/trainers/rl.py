@@ -40,7 +40,7 @@ from ..engines.rollout import tensor_checksum
 from ..launch.preemption import RunStopped, StopRequest, step_boundary
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
-from .resume import resume
+from .lifecycle import resume
 from ..models.loading import load_tokenizer, resolve_pretrained
 from ..rewards.shaping import RunningMoments, normalize_rewards
 from ..roles.experience import Experience, padded, shard_groups, unpadded

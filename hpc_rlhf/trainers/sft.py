@@ -16,13 +16,13 @@ from ..config import SFTConfig, dump_yaml
 from ..data.batching import EpochSampler, split_micro_batches
 from ..data.packing import Batch, collate_packed, collate_padded, packed_attention_mask
 from ..data.sft import Sample, load_sft_data
-from ..dist.env import DistEnv, device_for, init_distributed, shutdown
-from ..engines.deepspeed_strategy import build_engine, configure_deepspeed_env
+from ..dist.env import DistEnv, device_for
+from ..engines.deepspeed_strategy import build_engine
 from ..launch.preemption import StopRequest, step_boundary
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 from ..models.loading import check_packing, load_causal_lm, load_tokenizer, resolve_pretrained
-from .resume import resume
+from .lifecycle import resume, run_in_world
 
 log = logging.getLogger("hpc_rlhf.sft")
 
@@ -107,14 +107,7 @@ def evaluate(engine, maker: BatchMaker, samples: list[Sample], de: DistEnv) -> f
 
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
     """Train, log, checkpoint and export; returns the last logged metrics (on every rank)."""
-    configure_deepspeed_env()
-    de = init_distributed(cfg.launch.backend)
-    stop = StopRequest.from_config(cfg.slurm)
-    try:
-        return _run(cfg, de, stop)
-    finally:
-        stop.restore()
-        shutdown()
+    return run_in_world(cfg, _run)
 
 
 def _run(cfg: SFTConfig, de: DistEnv, stop: StopRequest) -> dict[str, float]:

@@ -1,0 +1,41 @@
+"""What every data-parallel trainer does around its loop: join the world with the stop signals armed
+(``run_in_world``), and start from the newest committed checkpoint when asked to resume or when SLURM
+requeued the job (a restarted job must not begin again from step 0)."""
+from __future__ import annotations
+
+import logging
+
+from ..checkpoint.store import latest_checkpoint, load_checkpoint
+from ..dist.env import init_distributed, shutdown
+from ..engines.deepspeed_strategy import configure_deepspeed_env
+from ..launch.preemption import StopRequest
+from ..launch.slurm_env import restart_count
+
+log = logging.getLogger("hpc_rlhf.lifecycle")
+
+
+def run_in_world(cfg, body):
+    """``body(cfg, dist_env, stop)`` on this rank, between joining and leaving the default group."""
+    configure_deepspeed_env()
+    de = init_distributed(cfg.launch.backend)
+    stop = StopRequest.from_config(cfg.slurm)
+    try:
+        return body(cfg, de, stop)
+    finally:
+        stop.restore()
+        shutdown()
+
+
+def resume(engines: dict, ckpt_cfg, is_main: bool, rank: int | None = None) -> dict | None:
+    """The trainer state of the checkpoint loaded into ``engines`` (its "step" included), or None."""
+    if not (ckpt_cfg.load_checkpoint or restart_count() > 0):
+        return None
+    path = latest_checkpoint(ckpt_cfg.ckpt_path)
+    if path is None:
+        if is_main:
+            log.info("load_checkpoint: no committed checkpoint in %s; starting fresh", ckpt_cfg.ckpt_path)
+        return None
+    state = load_checkpoint(engines, path, rank=rank)
+    if is_main:
+        log.info("resumed from %s at step %d", path, state["step"])
+    return state
