@@ -23,3 +23,19 @@ def test_demo_learns(tmp_path):
         assert report[stage]["heldout_accuracy"] > sft, stage
     for stage in ("grpo", "reinforce_baseline", "rloo", "ppo"):
         assert report[stage]["reward_mean_last"] > report[stage]["reward_mean_first"], stage
+
+
+def test_demo_preference_data():
+    """Pairs: chosen is the true sum, rejected a wrong one; held-out pairs never reuse a training sum."""
+    from hpc_rlhf.demo.addition import forgetful_sum, kto_rows, make_task, preference_rows
+    train_rows, held_rows = make_task(1)
+    train, held = preference_rows(train_rows, 1), preference_rows(held_rows, 2)
+    assert len(train) == len(train_rows) and len(held) == len(held_rows)
+    assert not {p["prompt"] for p in train} & {p["prompt"] for p in held}
+    for p in train + held:
+        a, b = (int(x) for x in p["prompt"].rstrip("=").split("+"))
+        assert p["chosen"] == str(a + b) and p["rejected"] != p["chosen"]
+        if a % 10 + b % 10 >= 10:
+            assert p["rejected"] == str(forgetful_sum(a, b))
+    kto = kto_rows(train)
+    assert sum(r["label"] for r in kto) == len(train) == sum(not r["label"] for r in kto)

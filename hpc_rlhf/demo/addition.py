@@ -45,3 +45,29 @@ def write_jsonl(rows: list[dict], path: Path) -> Path:
         for r in rows:
             f.write(json.dumps(r) + "\n")
     return path
+
+
+def wrong_answer(a: int, b: int, rng: random.Random) -> int:
+    """A plausible wrong sum: the forgotten carry when the units carry, else an off-by-ten or off-by-one slip."""
+    if carries(a, b):
+        return forgetful_sum(a, b)
+    return a + b + rng.choice([10, -10, 1, -1])
+
+
+def preference_rows(rows: list[dict], seed: int) -> list[dict]:
+    """Pairs {prompt, chosen, rejected}: chosen is the true sum (the row's label), rejected a wrong one."""
+    rng = random.Random(seed)
+    out = []
+    for r in rows:
+        a, b = (int(x) for x in r["input"].rstrip("=").split("+"))
+        out.append({"prompt": r["input"], "chosen": r["label"], "rejected": str(wrong_answer(a, b, rng))})
+    return out
+
+
+def kto_rows(pairs: list[dict]) -> list[dict]:
+    """Unpaired labelled rows for KTO: each pair gives a desirable (correct) and an undesirable (wrong) row."""
+    out = []
+    for p in pairs:
+        out.append({"prompt": p["prompt"], "completion": p["chosen"], "label": True})
+        out.append({"prompt": p["prompt"], "completion": p["rejected"], "label": False})
+    return out

@@ -25,3 +25,52 @@ def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int = 6
 def exact_match_accuracy(model, tokenizer, rows: list[dict]) -> float:
     answers = greedy_answers(model, tokenizer, [r["input"] for r in rows])
     return sum(a == r["label"] for a, r in zip(answers, rows)) / max(len(rows), 1)
+
+
+def load_heldout_pairs(path, tokenizer) -> list:
+    """Held-out pairs tokenized exactly as the preference trainers tokenize them (prompt + response + EOS)."""
+    from ..config.preference import PairDataConfig
+    from ..data.preference import load_pairs
+    pairs, _, _ = load_pairs(PairDataConfig(dataset=[str(path)], max_len=32, bad_rows="error"), tokenizer, seed=0)
+    return pairs
+
+
+@torch.no_grad()
+def response_logps(model, samples: list, pad_id: int, batch_size: int = 256) -> torch.Tensor:
+    """Summed log-probs of the response tokens of each sample (the trainers' `sequence_logps`)."""
+    from ..data.packing import collate_padded
+    from ..trainers.objectives.common import sequence_logps
+    model.eval()
+    out = []
+    for i in range(0, len(samples), batch_size):
+        out.append(sequence_logps(model, collate_padded(samples[i:i + batch_size], pad_id))[0].float())
+    return torch.cat(out)
+
+
+def implicit_reward_pair_accuracy(policy_dir, ref_dir, pairs_path) -> dict:
+    """Fraction of pairs whose implicit reward log π − log π_ref (β > 0 scales both) is larger for chosen."""
+    from transformers import AutoModelForCausalLM
+    from ..models.loading import load_tokenizer
+    tokenizer = load_tokenizer(str(policy_dir))
+    pairs = load_heldout_pairs(pairs_path, tokenizer)
+    pad = tokenizer.pad_token_id
+    samples = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir)
+    ref = AutoModelForCausalLM.from_pretrained(ref_dir)
+    r = response_logps(policy, samples, pad) - response_logps(ref, samples, pad)
+    chosen, rejected = r[:len(pairs)], r[len(pairs):]
+    return {"heldout_pair_accuracy": round(float((chosen > rejected).float().mean()), 4),
+            "heldout_margin": round(float((chosen - rejected).mean()), 4)}
+
+
+def reward_model_pair_accuracy(rm_dir, pairs_path) -> dict:
+    """Fraction of pairs the reward model scores chosen above rejected (scored as `train rl` scores)."""
+    from ..models.loading import load_tokenizer
+    from ..rewards.model import RewardModelScorer
+    tokenizer = load_tokenizer(str(rm_dir))
+    pairs = load_heldout_pairs(pairs_path, tokenizer)
+    scorer = RewardModelScorer(rm_dir, batch_size=256)
+    s = scorer([p.chosen.input_ids for p in pairs] + [p.rejected.input_ids for p in pairs])
+    chosen, rejected = s[:len(pairs)], s[len(pairs):]
+    return {"heldout_pair_accuracy": round(float((chosen > rejected).float().mean()), 4),
+            "heldout_margin": round(float((chosen - rejected).mean()), 4)}
