@@ -11,23 +11,14 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from .base import ConfigError, field
-from .sections import CheckpointConfig, DataConfig, LaunchConfig, LogConfig, ModelConfig, TrainConfig
+from .sections import (CheckpointConfig, DataConfig, LaunchConfig, LogConfig, ModelConfig, SourcesConfig,
+                       TrainConfig)
 from .slurm import SlurmConfig
 
 
 @dataclass
-class PreferenceDataConfig:
-    """Sources, mixing, evaluation split and rendering: what pairs and unpaired rows share."""
-    dataset: list[str] = field(help="comma-separated data sources: json/jsonl/parquet/csv/arrow files, "
-                                    "datasets save_to_disk folders, or hub names (online only); "
-                                    "'name@split' picks a split")
-    dataset_probs: list[float] | None = field(None, help="mixing probabilities, one per dataset (default: "
-                                                         "all rows of every dataset, in order)")
-    dataset_split: str = field("train", help="split read from sources that have several")
-    eval_dataset: list[str] | None = field(None, help="held-out data sources (same formats as dataset)")
-    eval_split_ratio: float = field(0.0, help="when no eval_dataset is given, hold out this fraction of "
-                                              "the training rows for evaluation")
-    max_eval_samples: int | None = field(None, help="cap on eval rows")
+class PreferenceDataConfig(SourcesConfig):
+    """Mixing, evaluation split and rendering: what pairs and unpaired rows share."""
     prompt_key: str | None = field("prompt", help="column holding the prompt (a string, or a messages list "
                                                   "with apply_chat_template); null: no separate prompt column "
                                                   "(plain: empty prompt; chat: every message before the last "
@@ -48,19 +39,7 @@ class PreferenceDataConfig:
                                                             "report the counts, or stop with an error")
 
     def validate(self) -> None:
-        if not self.dataset:
-            raise ConfigError("data.dataset is empty: name at least one data source")
-        if self.dataset_probs is not None:
-            if len(self.dataset_probs) != len(self.dataset):
-                raise ConfigError(f"data.dataset_probs has {len(self.dataset_probs)} values for "
-                                  f"{len(self.dataset)} datasets: give one probability per dataset")
-            if any(p < 0 for p in self.dataset_probs) or sum(self.dataset_probs) <= 0:
-                raise ConfigError("data.dataset_probs must be non-negative and not all zero")
-        if not 0.0 <= self.eval_split_ratio < 1.0:
-            raise ConfigError(f"data.eval_split_ratio must be in [0, 1), got {self.eval_split_ratio}")
-        if self.eval_dataset and self.eval_split_ratio > 0:
-            raise ConfigError("data.eval_dataset and data.eval_split_ratio exclude each other: evaluate on the "
-                              "given eval_dataset or hold out a fraction of the training rows, not both")
+        super().validate()
         if self.max_len < 2:
             raise ConfigError(f"data.max_len must be >= 2, got {self.max_len}")
         if self.input_template is not None and self.input_template.count("{}") != 1:
@@ -227,20 +206,10 @@ class ORPOConfig(TrainerSections):
 
 
 @dataclass
-class ProcessDataConfig:
+class ProcessDataConfig(SourcesConfig):
     """PRM rows: a text with a step placeholder after each reasoning step and one label per step."""
     # the shared loop reads the tokenizer override from the data section; PRM data has no chat rendering
     tokenizer_chat_template: ClassVar[None] = None
-    dataset: list[str] = field(help="comma-separated data sources: json/jsonl/parquet/csv/arrow files, "
-                                    "datasets save_to_disk folders, or hub names (online only); "
-                                    "'name@split' picks a split")
-    dataset_probs: list[float] | None = field(None, help="mixing probabilities, one per dataset (default: "
-                                                         "all rows of every dataset, in order)")
-    dataset_split: str = field("train", help="split read from sources that have several")
-    eval_dataset: list[str] | None = field(None, help="held-out data sources (same formats as dataset)")
-    eval_split_ratio: float = field(0.0, help="when no eval_dataset is given, hold out this fraction of "
-                                              "the training rows for evaluation")
-    max_eval_samples: int | None = field(None, help="cap on eval rows")
     input_key: str = field("input", help="column holding the text: the question and its reasoning steps, "
                                          "each step followed by the placeholder")
     label_key: str = field("labels", help="column holding the list of step labels, one per placeholder "
@@ -257,19 +226,7 @@ class ProcessDataConfig:
                                                             "it and report the counts, or stop with an error")
 
     def validate(self) -> None:
-        if not self.dataset:
-            raise ConfigError("data.dataset is empty: name at least one data source")
-        if self.dataset_probs is not None:
-            if len(self.dataset_probs) != len(self.dataset):
-                raise ConfigError(f"data.dataset_probs has {len(self.dataset_probs)} values for "
-                                  f"{len(self.dataset)} datasets: give one probability per dataset")
-            if any(p < 0 for p in self.dataset_probs) or sum(self.dataset_probs) <= 0:
-                raise ConfigError("data.dataset_probs must be non-negative and not all zero")
-        if not 0.0 <= self.eval_split_ratio < 1.0:
-            raise ConfigError(f"data.eval_split_ratio must be in [0, 1), got {self.eval_split_ratio}")
-        if self.eval_dataset and self.eval_split_ratio > 0:
-            raise ConfigError("data.eval_dataset and data.eval_split_ratio exclude each other: evaluate on the "
-                              "given eval_dataset or hold out a fraction of the training rows, not both")
+        super().validate()
         if self.max_len < 2:
             raise ConfigError(f"data.max_len must be >= 2, got {self.max_len}")
         if not self.placeholder:

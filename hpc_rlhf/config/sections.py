@@ -31,7 +31,8 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
+class SourcesConfig:
+    """Where training and evaluation rows come from: what every data section shares."""
     dataset: list[str] = field(help="comma-separated data sources: json/jsonl/parquet/csv/arrow files, "
                                     "datasets save_to_disk folders, or hub names (online only); "
                                     "'name@split' picks a split")
@@ -42,6 +43,25 @@ class DataConfig:
     eval_split_ratio: float = field(0.0, help="when no eval_dataset is given, hold out this fraction of "
                                               "the training rows for evaluation")
     max_eval_samples: int | None = field(None, help="cap on eval rows")
+
+    def validate(self) -> None:
+        if not self.dataset:
+            raise ConfigError("data.dataset is empty: name at least one data source")
+        if self.dataset_probs is not None:
+            if len(self.dataset_probs) != len(self.dataset):
+                raise ConfigError(f"data.dataset_probs has {len(self.dataset_probs)} values for "
+                                  f"{len(self.dataset)} datasets: give one probability per dataset")
+            if any(p < 0 for p in self.dataset_probs) or sum(self.dataset_probs) <= 0:
+                raise ConfigError("data.dataset_probs must be non-negative and not all zero")
+        if not 0.0 <= self.eval_split_ratio < 1.0:
+            raise ConfigError(f"data.eval_split_ratio must be in [0, 1), got {self.eval_split_ratio}")
+        if self.eval_dataset and self.eval_split_ratio > 0:
+            raise ConfigError("data.eval_dataset and data.eval_split_ratio exclude each other: evaluate on the "
+                              "given eval_dataset or hold out a fraction of the training rows, not both")
+
+
+@dataclass
+class DataConfig(SourcesConfig):
     input_key: str = field("input", help="column holding the prompt (or the messages list with "
                                          "apply_chat_template)")
     output_key: str | None = field("output", help="column holding the response; null with a messages "
@@ -64,25 +84,13 @@ class DataConfig:
                                                             "report the counts, or stop with an error")
 
     def validate(self) -> None:
-        if not self.dataset:
-            raise ConfigError("data.dataset is empty: name at least one data source")
-        if self.dataset_probs is not None:
-            if len(self.dataset_probs) != len(self.dataset):
-                raise ConfigError(f"data.dataset_probs has {len(self.dataset_probs)} values for "
-                                  f"{len(self.dataset)} datasets: give one probability per dataset")
-            if any(p < 0 for p in self.dataset_probs) or sum(self.dataset_probs) <= 0:
-                raise ConfigError("data.dataset_probs must be non-negative and not all zero")
-        if not 0.0 <= self.eval_split_ratio < 1.0:
-            raise ConfigError(f"data.eval_split_ratio must be in [0, 1), got {self.eval_split_ratio}")
+        super().validate()
         if self.max_len < 2:
             raise ConfigError(f"data.max_len must be >= 2, got {self.max_len}")
         if self.input_template is not None and self.input_template.count("{}") != 1:
             raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
         if self.apply_chat_template and self.input_template is not None:
             raise ConfigError("data.input_template and data.apply_chat_template exclude each other")
-        if self.eval_dataset and self.eval_split_ratio > 0:
-            raise ConfigError("data.eval_dataset and data.eval_split_ratio exclude each other: evaluate on the "
-                              "given eval_dataset or hold out a fraction of the training rows, not both")
         if self.pretrain_mode and (self.input_template is not None or self.apply_chat_template):
             raise ConfigError("data.pretrain_mode trains on the raw text of input_key: it excludes "
                               "data.input_template and data.apply_chat_template")
