@@ -37,8 +37,9 @@ def subset(items: list[T], n: int, rng: np.random.Generator) -> list[T]:
 def assemble(sources: Sequence[str], read: Callable[[str, int | None], tuple[list[T], int]],
              bad: BadRows, *, probs: Sequence[float] | None, eval_sources: Sequence[str] | None,
              eval_ratio: float, max_samples: int | None, max_eval_samples: int | None,
-             seed: int) -> tuple[list[T], list[T]]:
-    """Train and eval items.  ``read(spec, row_limit)`` returns one source's items and its row count."""
+             seed: int, keys_hint: str = "the data keys") -> tuple[list[T], list[T]]:
+    """Train and eval items.  ``read(spec, row_limit)`` returns one source's items and its row count;
+    ``keys_hint`` names the options to check when a source yields nothing."""
     ratio = eval_ratio if not eval_sources else 0.0
     limit = rows_needed(max_samples, ratio)
     per_source: list[list[T]] = []
@@ -53,7 +54,7 @@ def assemble(sources: Sequence[str], read: Callable[[str, int | None], tuple[lis
                         f"{bad.total} of them bad:\n{bad.summary()}")
     for k, (spec, items) in enumerate(zip(sources, per_source)):
         if not items and (probs is None or probs[k] > 0):
-            raise DataError(f"{spec}: no usable rows (check the data keys for this source):\n{bad.summary()}")
+            raise DataError(f"{spec}: no usable rows (check {keys_hint} for this source):\n{bad.summary()}")
 
     eval_items: list[T] = []
     if eval_sources:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from ..config.preference import PairDataConfig, PreferenceDataConfig, UnpairedDataConfig
 from .assemble import assemble
-from .rows import BadRows, DataError
+from .rows import BadRows, DataError, checked_template
 from .sft import Sample, _Bad, _ChatRenderer, _check_messages, _get_str
 from .sources import load_source
 
@@ -90,13 +90,7 @@ class _Texts:
         self.cfg, self.keys = cfg, response_keys
         self.chat = _ChatRenderer(tokenizer, cfg.tokenizer_chat_template, name) if cfg.apply_chat_template else None
         self.name = name
-        template = cfg.input_template
-        if template is not None:
-            try:
-                template.format("x")
-            except (IndexError, KeyError, ValueError) as e:
-                raise DataError(f"data.input_template {template!r} is not a format string with one {{}} "
-                                f"(write literal braces as {{{{ and }}}}): {e}") from e
+        checked_template(cfg.input_template)
 
     def __call__(self, row: dict, r: int) -> tuple[str, list[str]]:
         return self._chat(row, r) if self.chat is not None else self._plain(row)

@@ -48,3 +48,14 @@ class BadRows:
 
     def __repr__(self) -> str:
         return f"BadRows(policy={self.policy!r}, counts={self.counts()})"
+
+
+def checked_template(template: str | None) -> str | None:
+    """``data.input_template`` once it is known to format with one prompt (else a DataError naming it)."""
+    if template is not None:
+        try:
+            template.format("x")
+        except (IndexError, KeyError, ValueError) as e:
+            raise DataError(f"data.input_template {template!r} is not a format string with one {{}} "
+                            f"(write literal braces as {{{{ and }}}}): {e}") from e
+    return template

@@ -8,8 +8,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..config.sections import DataConfig
-from .mixing import mix
-from .rows import BadRows, DataError
+from .assemble import assemble
+from .rows import BadRows, DataError, checked_template
 from .sources import load_source
 
 _CHUNK = 512  # rows tokenized per call of the (Rust, multi-threaded) tokenizer
@@ -115,13 +115,7 @@ def _render_rows(rows: Iterable[dict], name: str, tokenizer, cfg: DataConfig, ba
     chat = _ChatRenderer(tokenizer, cfg.tokenizer_chat_template, name) if cfg.apply_chat_template else None
     if chat is None and not cfg.pretrain_mode and cfg.output_key is None:
         raise DataError("data.output_key is null: set it, or use apply_chat_template or pretrain_mode")
-    template = cfg.input_template
-    if template is not None:
-        try:
-            template.format("x")
-        except (IndexError, KeyError, ValueError) as e:
-            raise DataError(f"data.input_template {template!r} is not a format string with one {{}} "
-                            f"(write literal braces as {{{{ and }}}}): {e}") from e
+    template = checked_template(cfg.input_template)
     for i, row in enumerate(rows):
         r = i + 1
         try:
@@ -213,13 +207,6 @@ def _read(spec: str, cfg: DataConfig, tokenizer, bad: BadRows, limit: int | None
     return build_sft_samples(rows, name, tokenizer, cfg, bad), len(rows), name
 
 
-def _subset(items: list, n: int, rng: np.random.Generator) -> list:
-    if n >= len(items):
-        return items
-    keep = np.sort(rng.choice(len(items), size=n, replace=False))
-    return [items[j] for j in keep.tolist()]
-
-
 def load_sft_data(cfg: DataConfig, tokenizer, seed: int) -> tuple[list[Sample], list[Sample], BadRows]:
     """Train and eval samples, plus the bad rows met on the way (log `bad.summary()` when `bad.total`).
 
@@ -229,51 +216,9 @@ def load_sft_data(cfg: DataConfig, tokenizer, seed: int) -> tuple[list[Sample], 
     max_eval_samples.
     """
     bad = BadRows(cfg.bad_rows)
-    ratio = cfg.eval_split_ratio if not cfg.eval_dataset else 0.0
-    limit = None
-    if cfg.max_samples is not None:
-        limit = cfg.max_samples + (int(np.ceil(cfg.max_samples * ratio / (1 - ratio))) + 1 if ratio else 0)
-
-    per_source: list[list[Sample]] = []
-    rows_read = 0
-    for spec in cfg.dataset:
-        samples, n_rows, name = _read(spec, cfg, tokenizer, bad, limit)
-        rows_read += n_rows
-        per_source.append(samples)
-    total_kept = sum(len(s) for s in per_source)
-    if total_kept == 0:
-        raise DataError(f"no training samples: read {rows_read} rows from {', '.join(cfg.dataset)}, "
-                        f"{bad.total} of them bad:\n{bad.summary()}")
-    probs = cfg.dataset_probs
-    for k, (spec, samples) in enumerate(zip(cfg.dataset, per_source)):
-        if not samples and (probs is None or probs[k] > 0):
-            raise DataError(f"{spec}: no usable rows (check data.input_key/output_key for this source):\n"
-                            f"{bad.summary()}")
-
-    eval_samples: list[Sample] = []
-    if cfg.eval_dataset:
-        for spec in cfg.eval_dataset:
-            eval_samples += _read(spec, cfg, tokenizer, bad, None)[0]
-        if not eval_samples:
-            raise DataError(f"no eval samples in {', '.join(cfg.eval_dataset)}:\n{bad.summary()}")
-        if cfg.max_eval_samples is not None:
-            eval_samples = _subset(eval_samples, cfg.max_eval_samples, np.random.default_rng([seed, 2]))
-    elif ratio > 0 and total_kept > 1:
-        n_eval = min(max(1, round(ratio * total_kept)), total_kept - 1)
-        if cfg.max_eval_samples is not None:
-            n_eval = min(n_eval, cfg.max_eval_samples)
-        held = np.zeros(total_kept, dtype=bool)
-        held[np.random.default_rng([seed, 1]).permutation(total_kept)[:n_eval]] = True
-        pos, kept = 0, []
-        for samples in per_source:
-            flags = held[pos:pos + len(samples)].tolist()
-            eval_samples += [s for s, h in zip(samples, flags) if h]
-            kept.append([s for s, h in zip(samples, flags) if not h])
-            pos += len(samples)
-        per_source = kept
-
-    try:
-        train = mix(per_source, probs, seed, cfg.max_samples)
-    except ValueError as e:
-        raise DataError(f"cannot mix {', '.join(cfg.dataset)}: {e}") from e
+    train, eval_samples = assemble(
+        cfg.dataset, lambda spec, limit: _read(spec, cfg, tokenizer, bad, limit)[:2], bad,
+        probs=cfg.dataset_probs, eval_sources=cfg.eval_dataset, eval_ratio=cfg.eval_split_ratio,
+        max_samples=cfg.max_samples, max_eval_samples=cfg.max_eval_samples, seed=seed,
+        keys_hint="data.input_key/output_key")
     return train, eval_samples, bad
