@@ -1,16 +1,22 @@
 """Metrics sinks: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events.
 
-Only rank 0 writes; the other ranks get a logger that does nothing.
+Only rank 0 writes; the other ranks get a logger that does nothing. A run that starts at step S
+keeps the rows of an earlier ``metrics.jsonl`` up to step S (the steps a resumed run does not
+repeat) and continues it. Rows past S (a fresh run in a used folder, or steps logged after the last
+checkpoint of a killed run) would be logged again, so the old file is kept aside, not mixed in.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 
 class MetricsLogger:
-    def __init__(self, save_path: str | Path, enabled: bool, use_tensorboard: bool = True):
+    def __init__(self, save_path: str | Path, enabled: bool, use_tensorboard: bool = True, start_step: int = 0):
         self.enabled = enabled
         self._jsonl = None
         self._tb = None
@@ -18,7 +24,9 @@ class MetricsLogger:
             return
         root = Path(save_path)
         root.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(root / "metrics.jsonl", "a", buffering=1)
+        path = root / "metrics.jsonl"
+        set_aside_later_rows(path, start_step)
+        self._jsonl = open(path, "a", buffering=1)
         if use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self._tb = SummaryWriter(log_dir=str(root / "tensorboard"))
@@ -38,6 +46,23 @@ class MetricsLogger:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def set_aside_later_rows(path: Path, start_step: int) -> None:
+    """Keep only the rows up to ``start_step`` in ``path``; the whole old file moves to metrics.old-N.jsonl."""
+    if not path.exists():
+        return
+    rows = path.read_text().splitlines(keepends=True)
+    kept = [r for r in rows if r.strip() and json.loads(r)["step"] <= start_step]
+    if len(kept) == len(rows):
+        return
+    n = 1
+    while (old := path.with_name(f"metrics.old-{n}.jsonl")).exists():
+        n += 1
+    path.rename(old)
+    path.write_text("".join(kept))
+    log.info("%s had rows past step %d from an earlier run; moved it to %s and kept %d rows",
+             path, start_step, old.name, len(kept))
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -107,7 +107,7 @@ def _run(cfg, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         log.info("the last step of each epoch repeats %d samples to fill train_batch_size",
                  sampler.padded_in_last_step)
 
-    metrics_log = MetricsLogger(cfg.ckpt.save_path, de.is_main, cfg.log.use_tensorboard)
+    metrics_log = MetricsLogger(cfg.ckpt.save_path, de.is_main, cfg.log.use_tensorboard, start)
     progress = Progress(total_steps, start, de.is_main, cfg.log.progress_bar, desc=name)
     metrics: dict[str, float] = {}
     t_last = time.time()
