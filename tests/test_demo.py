@@ -7,9 +7,10 @@ import pytest
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_demo_learns(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "demo", "--out", str(tmp_path / "demo")],
-                          capture_output=True, text=True, timeout=1200)
+                          capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     print(json.dumps(report))
@@ -23,6 +24,13 @@ def test_demo_learns(tmp_path):
         assert report[stage]["heldout_accuracy"] > sft, stage
     for stage in ("grpo", "reinforce_baseline", "rloo", "ppo"):
         assert report[stage]["reward_mean_last"] > report[stage]["reward_mean_first"], stage
+    # the preference stages, on (true sum, wrong sum) pairs of held-out sums
+    assert report["rm"]["heldout_pair_accuracy"] >= 0.8
+    assert report["dpo"]["heldout_pair_accuracy"] >= 0.8
+    assert report["dpo"]["heldout_accuracy"] >= sft - 0.05
+    assert report["kto"]["heldout_pair_accuracy"] >= 0.7
+    for stage in ("rm", "dpo"):
+        assert report[stage]["last_loss"] < report[stage]["first_loss"], stage
 
 
 def test_demo_preference_data():
