@@ -61,3 +61,4 @@ class Registry(Generic[T]):
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage_estimator")
 POLICY_LOSSES: Registry = Registry("policy_loss")
+IS_CORRECTIONS: Registry = Registry("is_correction")
