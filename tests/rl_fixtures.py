@@ -15,9 +15,10 @@ def reward_func(queries, prompts, labels):
 '''
 
 
-def make_assets(root: Path) -> dict:
+def make_assets(root: Path, **model_shape) -> dict:
     from hpc_rlhf.models.tiny import build_tiny_model
-    model = build_tiny_model(root / "model", hidden_size=32, num_layers=2, max_position_embeddings=64, seed=0)
+    model = build_tiny_model(root / "model", **{"hidden_size": 32, "num_layers": 2, "max_position_embeddings": 64,
+                                                "seed": 0, **model_shape})
     data = root / "prompts.jsonl"
     data.write_text("".join(json.dumps({"input": f"{i}+{i % 7}=", "label": str(i + i % 7)}) + "\n"
                             for i in range(40)))

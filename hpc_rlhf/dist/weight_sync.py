@@ -91,6 +91,8 @@ def send_weights(bridge: Bridge | None, buckets: Iterator[tuple[list[ParamSpec],
     """Actor side: walk every bucket (all actor ranks), broadcast from the leader, and load into a
     colocated engine when there is one.  Returns the number of buckets."""
     count = 0
+    if local_engine is not None:
+        local_engine.begin_weight_update()
     for specs, flat in buckets:
         count += 1
         if is_leader and bridge is not None:
@@ -102,16 +104,20 @@ def send_weights(bridge: Bridge | None, buckets: Iterator[tuple[list[ParamSpec],
             local_engine.load_weights(unpack(specs, flat))
     if is_leader and bridge is not None:
         bridge.broadcast_object("done", 0)
+    if local_engine is not None:
+        local_engine.finish_weight_update()
     return count
 
 
 def receive_weights(bridge: Bridge, engine, dtype: torch.dtype) -> int:
     """Rollout side: receive buckets until the leader says done; load each into ``engine``."""
     assert bridge.broadcast_object(None, 0) is None
+    engine.begin_weight_update()
     count = 0
     while True:
         meta = bridge.broadcast_object(None, 0)
         if meta == "done":
+            engine.finish_weight_update()
             return count
         specs = [ParamSpec(n, tuple(shape)) for n, shape in meta]
         flat = torch.empty(sum(s.numel for s in specs), dtype=dtype, device=bridge.device)

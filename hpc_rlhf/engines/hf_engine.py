@@ -226,8 +226,7 @@ class HFEngine(RolloutEngine):
 
         Names are those of ``model.named_parameters()`` (tied aliases such as ``lm_head.weight``
         accepted).  Tensors are copied one by one as the iterable yields them, so it may stream; if a
-        name or shape is wrong, the tensors before it are already copied and ``weight_version`` is not
-        bumped.
+        name or shape is wrong, the tensors before it are already copied.
         """
         targets = self._named_targets()
         with torch.no_grad():
@@ -239,7 +238,6 @@ class HFEngine(RolloutEngine):
                     raise ValueError(f"load_weights: {name} has shape {tuple(tensor.shape)}, the model's "
                                      f"is {tuple(target.shape)}")
                 target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
-        self.weight_version += 1
 
     def state_checksum(self) -> float:
         return tensor_checksum(self.model.named_parameters())

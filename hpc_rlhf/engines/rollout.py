@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -74,14 +75,28 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy in parameters by Hugging Face name; raise on an unknown name or a shape mismatch.
+        """Copy in one chunk of parameters by Hugging Face name; raise on an unknown name or a shape mismatch.
 
-        Increments ``weight_version`` once the whole iterable has been copied.
+        A weight update is ``begin_weight_update()``, any number of ``load_weights`` chunks (one per
+        broadcast bucket), then ``finish_weight_update()``; :meth:`update_weights` does all three.
         """
+
+    def begin_weight_update(self) -> None:
+        """Prepare for the chunks of one update (an engine that post-processes weights starts here)."""
+
+    def finish_weight_update(self) -> None:
+        """All chunks are in: make them the weights the next ``generate`` uses; bump ``weight_version``."""
+        self.weight_version += 1
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.begin_weight_update()
+        self.load_weights(named_tensors)
+        self.finish_weight_update()
 
     @abc.abstractmethod
     def state_checksum(self) -> float:
-        """A cheap deterministic checksum of all weights that changes when any single weight changes."""
+        """``tensor_checksum`` of the weights the engine generates with (or, for an engine that repacks
+        them, of the tensors its last update loaded)."""
 
     def sleep(self) -> None:
         """Release memory the engine can rebuild (caches, possibly weights) while the trainer runs."""
@@ -90,23 +105,31 @@ class RolloutEngine(abc.ABC):
         """Undo :meth:`sleep`."""
 
 
-def tensor_checksum(named: Iterable[tuple[str, torch.Tensor]], chunk: int = 1 << 22) -> float:
-    """Sum over tensors (sorted by name) of float64 sum(t * w), w depending on each element's index.
+_PHI = 0.6180339887498949
 
-    The weights ``w_j = 1 + frac(j * golden ratio)`` (j running over all elements of all tensors in
-    name order) are all in [1, 2), so changing any single element changes the sum, and swapping two
-    elements almost surely does too.  Works in chunks so the float64 copy stays small.
-    """
-    phi = 0.6180339887498949
+
+def tensor_part_checksum(t: torch.Tensor, chunk: int = 1 << 22) -> float:
+    """float64 sum(t_j * w_j) over the elements of one tensor, w_j = 1 + frac(j * golden ratio) in [1, 2).
+
+    Changing any single element changes the sum, and swapping two elements almost surely does too.
+    Works in chunks so the float64 copy stays small."""
+    flat = t.detach().reshape(-1)
     total = 0.0
-    offset = 0
-    for _, t in sorted(named, key=lambda kv: kv[0]):
-        flat = t.detach().reshape(-1)
-        for start in range(0, flat.numel(), chunk):
-            part = flat[start:start + chunk].to(torch.float64)
-            idx = torch.arange(offset + start, offset + start + part.numel(), dtype=torch.float64,
-                               device=part.device)
-            w = 1.0 + torch.frac(idx * phi)
-            total += float((part * w).sum())
-        offset += flat.numel()
+    for start in range(0, flat.numel(), chunk):
+        part = flat[start:start + chunk].to(torch.float64)
+        idx = torch.arange(start, start + part.numel(), dtype=torch.float64, device=part.device)
+        total += float((part * (1.0 + torch.frac(idx * _PHI))).sum())
     return total
+
+
+def combine_checksums(parts: dict[str, float]) -> float:
+    """Per-tensor checksums combined in name order, tensor k weighted by 1 + frac((k + 1) * sqrt 2), so
+    that exchanging two tensors of the same shape changes the result too."""
+    return sum(parts[name] * (1.0 + math.modf((k + 1) * math.sqrt(2.0))[0])
+               for k, name in enumerate(sorted(parts)))
+
+
+def tensor_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> float:
+    """Checksum of named tensors: ``combine_checksums`` of their ``tensor_part_checksum``; the same on
+    the sender (actor) and on any engine, whatever order or chunking the tensors come in."""
+    return combine_checksums({name: tensor_part_checksum(t) for name, t in named})

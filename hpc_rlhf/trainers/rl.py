@@ -36,7 +36,7 @@ from ..dist.placement import PlacementPlan, make_plan
 from ..dist.weight_sync import actor_buckets, receive_weights, send_weights, unpack
 from ..dist.worlds import RoleContext, join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
-from ..engines.rollout import tensor_checksum
+from ..engines.rollout import combine_checksums, tensor_part_checksum
 from ..launch.preemption import RunStopped, StopRequest, step_boundary
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
@@ -283,18 +283,18 @@ class RLRun:
         checksum = float("nan")
         if self.actor is not None:
             zero3 = self.actor.engine.zero_optimization_stage() == 3
-            sent: list = []
+            sent: dict[str, float] = {}
 
             def tracked(buckets):
                 for specs, flat in buckets:
                     if ctx.role_rank("actor") == 0 and self.cfg.log.check_weight_sync:
-                        sent.extend((n, t.clone()) for n, t in unpack(specs, flat))
+                        sent.update((n, tensor_part_checksum(t)) for n, t in unpack(specs, flat))
                     yield specs, flat
             send_weights(ctx.weights, tracked(actor_buckets(self.actor.module, zero3, dtype, bucket_bytes)),
                          is_leader=ctx.role_rank("actor") == 0,
                          local_engine=self.rollout.engine if self.rollout is not None else None)
             if sent:
-                checksum = tensor_checksum(sent)
+                checksum = combine_checksums(sent)
         elif self.rollout is not None:
             receive_weights(ctx.weights, self.rollout.engine, dtype)
         if self.rollout is not None and self.cfg.log.check_weight_sync:
@@ -307,7 +307,7 @@ class RLRun:
         cfg = self.cfg
         start = self._maybe_resume()
         self.sync_weights()
-        metrics_log = MetricsLogger(cfg.ckpt.save_path, self.is_main, cfg.log.use_tensorboard)
+        metrics_log = MetricsLogger(cfg.ckpt.save_path, self.is_main, cfg.log.use_tensorboard, start)
         progress = Progress(self.total_steps, start, self.is_main, cfg.log.progress_bar, desc="rl")
         last: dict[str, float] = {}
         for step in range(start, self.total_steps):
@@ -334,6 +334,8 @@ class RLRun:
         t0 = time.time()
         samples, metrics = self._collect(step)
         t_gen = time.time() - t0
+        if self.rollout is not None and self.actor is not None:
+            self.rollout.engine.sleep()  # colocated: the actor trains while the engine sleeps; the sync wakes it
         raw = [s.reward for s in samples if s.reward_valid]
         self._normalise_rewards(samples)
         t1 = time.time()
