@@ -27,7 +27,7 @@ def models(tmp_path_factory):
 def engine(models):
     from hpc_rlhf.engines.vllm_engine import VllmEngine
     t0 = time.time()
-    eng = VllmEngine(str(models[0]), dtype="fp32", max_model_len=64, max_num_seqs=32)
+    eng = VllmEngine(str(models[0]), dtype="fp32", max_model_len=64, max_num_seqs=32, track_checksums=True)
     print(f"vllm engine start-up: {time.time() - t0:.1f} s")
     return eng
 

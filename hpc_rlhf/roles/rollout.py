@@ -9,17 +9,10 @@ from .experience import Experience
 
 
 def make_engine(cfg: RLConfig, device):
-    from ..models.loading import resolve_pretrained
+    from ..engines.factory import make_engine as build
     r = cfg.rollout
-    if r.engine == "vllm":
-        from ..engines.vllm_engine import VllmEngine
-        return VllmEngine(resolve_pretrained(cfg.model.pretrain), dtype=cfg.model.param_dtype, device=str(device),
-                          seed=cfg.train.seed, max_model_len=r.vllm_max_model_len, max_num_seqs=r.max_batch_size,
-                          cpu_kv_cache_gib=r.vllm_cpu_kv_cache_gib,
-                          gpu_memory_utilization=r.vllm_gpu_memory_utilization, enable_sleep_mode=r.vllm_sleep)
-    from ..engines.hf_engine import HFEngine
-    return HFEngine(resolve_pretrained(cfg.model.pretrain), dtype=cfg.model.param_dtype, device=str(device),
-                    max_batch_size=r.max_batch_size)
+    return build(r, cfg.model.pretrain, cfg.model.param_dtype, device, r.max_batch_size, seed=cfg.train.seed,
+                 sleep=r.vllm_sleep, track_checksums=cfg.log.check_weight_sync)
 
 
 def stop_token_ids(pretrain: str, tokenizer) -> list[int]:
