@@ -143,7 +143,7 @@ def weight_sync(args, root: Path, store) -> dict:
     from transformers import AutoModelForCausalLM
 
     from hpc_rlhf.dist.bridge import Bridge
-    from hpc_rlhf.dist.weight_sync import actor_buckets, send_weights
+    from hpc_rlhf.dist.weight_sync import actor_buckets, full_items, send_weights
     from hpc_rlhf.engines.hf_engine import HFEngine
     from hpc_rlhf.engines.rollout import tensor_checksum
 
@@ -176,7 +176,7 @@ def weight_sync(args, root: Path, store) -> dict:
                 for _ in range(1 + args.repeats):
                     bridge.barrier()
                     t0 = time.perf_counter()
-                    send_weights(bridge, actor_buckets(model, False, torch.float32, bucket_bytes), is_leader=True)
+                    send_weights(bridge, actor_buckets(full_items(model), False, torch.float32, bucket_bytes), is_leader=True)
                     times.append(time.perf_counter() - t0)
                 send[mode] = summary(times[1:])
             got = bridge.broadcast_object(None, src=1)

@@ -77,6 +77,21 @@ def test_update_weights_parity_and_checksum(engine, models):
     assert [c.token_ids for c in _greedy(engine)] == [c.token_ids for c in _greedy(HFEngine(models[0]))]
 
 
+def test_partial_update_keeps_the_other_weights(engine, models):
+    """A LoRA sync sends only the merged linear layers: the engine must keep its embeddings and norms."""
+    from transformers import AutoModelForCausalLM
+    mixed = AutoModelForCausalLM.from_pretrained(models[0])
+    other = dict(AutoModelForCausalLM.from_pretrained(models[1]).named_parameters())
+    linear = [n + ".weight" for n, m in mixed.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    with torch.no_grad():
+        for n in linear:
+            mixed.get_parameter(n).copy_(other[n])
+    engine.update_weights([(n, other[n]) for n in linear])
+    assert [c.token_ids for c in _greedy(engine)] == [c.token_ids for c in _greedy(HFEngine(mixed))]
+    assert engine.state_checksum() == pytest.approx(tensor_checksum(mixed.named_parameters()), rel=1e-12)
+    engine.update_weights(AutoModelForCausalLM.from_pretrained(models[0]).named_parameters())  # back
+
+
 def test_per_request_seeds(engine):
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
     a = engine.generate(PROMPTS, params, [11, 12, 13, 14, 15])

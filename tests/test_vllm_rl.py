@@ -3,6 +3,7 @@ leader's packed buckets over the gloo weights bridge into vLLM; colocated on one
 place.  Checksums of sent and loaded weights agree every step; the vLLM/trainer log-prob mismatch is
 logged.  Runs in .venv-vllm (`bash scripts/test_vllm.sh`)."""
 import pytest
+import torch
 
 from rl_fixtures import make_assets, merged, run_rl
 
@@ -17,14 +18,25 @@ def assets(tmp_path_factory):
                         algo={"advantage_estimator": "group_norm"})
 
 
-@pytest.mark.parametrize("placement", [{"actor_num_ranks": 1, "rollout_num_ranks": 1, "reward_num_ranks": 1},
-                                       {"colocate_all": True}], ids=["own_rank", "colocated"])
-def test_rl_with_vllm(assets, placement):
+OWN_RANK = {"actor_num_ranks": 1, "rollout_num_ranks": 1, "reward_num_ranks": 1}
+
+
+@pytest.mark.parametrize("placement,model", [(OWN_RANK, {}), ({"colocate_all": True}, {}),
+                                             (OWN_RANK, {"lora_rank": 4, "lora_alpha": 8})],
+                         ids=["own_rank", "colocated", "lora_own_rank"])
+def test_rl_with_vllm(assets, placement, model):
     root, config = assets
-    rows = run_rl(merged(config, placement=placement), root, "grpo_" + "_".join(placement), timeout=600)
+    name = "grpo_" + "_".join(placement) + ("_lora" if model else "")
+    rows = run_rl(merged(config, placement=placement, model=model), root, name, timeout=600)
     train = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in train] == [1, 2, 3, 4]
     for r in train:
         assert r["sync/checksum_loaded/0"] == pytest.approx(r["sync/checksum_sent"], rel=1e-12)
         assert r["actor/mismatch/max_abs_diff"] < 1e-3  # fp32 both sides: the engine and trainer agree
         assert r["time/weight_sync_s"] < 5
+    if model:  # LoRA: after the first sync only the merged linear layers travel
+        from transformers import AutoModelForCausalLM
+        base = AutoModelForCausalLM.from_pretrained(config["model"]["pretrain"])
+        linear = sum(m.weight.numel() for n, m in base.named_modules()
+                     if isinstance(m, torch.nn.Linear) and n != "lm_head")
+        assert all(r["sync/numel_sent"] == linear < sum(p.numel() for p in base.parameters()) for r in train)

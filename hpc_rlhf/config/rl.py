@@ -178,6 +178,9 @@ class RLConfig:
             raise ConfigError(f"rollout_batch_size x n_samples_per_prompt = {self.rollout.rollout_batch_size * n} "
                               f"samples per step must be a multiple of train.train_batch_size "
                               f"({self.train.train_batch_size})")
+        if self.model.load_in_4bit:
+            raise ConfigError("model.load_in_4bit is not supported by `train rl`: the weight sync merges LoRA into "
+                              "full-precision base weights; use lora_rank > 0 on a bf16/fp32 base")
         t = self.rollout.temperature
         if self.algo.is_correction != "none" and t not in (0.0, 1.0):
             # the engine's log-probs are at temperature 1, the trainer's at rollout.temperature
@@ -186,6 +189,3 @@ class RLConfig:
         if self.launch.nproc != 1:
             raise ConfigError("launch.nproc does not apply to `train rl`: its rank count follows from the placement "
                               "(placement.*_num_ranks and the colocate_* options)")
-        if self.model.lora_rank > 0:
-            raise ConfigError("model.lora_rank > 0 is not supported by `train rl` yet (LoRA weight sync to the "
-                              "rollout engine comes with the vLLM work); train the full model")

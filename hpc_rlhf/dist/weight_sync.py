@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -65,16 +65,66 @@ def _gathered(params: list[torch.nn.Parameter], zero3: bool):
     return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
-def actor_buckets(module: torch.nn.Module, zero3: bool, dtype: torch.dtype,
+@dataclass(frozen=True)
+class SyncItem:
+    """One tensor to send: its name and full shape, the parameters it is computed from (gathered
+    together under ZeRO-3) and how to compute it from them."""
+    spec: ParamSpec
+    params: tuple[torch.nn.Parameter, ...]
+    value: Callable[[], torch.Tensor]
+
+
+def full_items(module: torch.nn.Module) -> list[SyncItem]:
+    """Every parameter as it is."""
+    return [SyncItem(ParamSpec(hf_name(n), _full_shape(p)), (p,), lambda p=p: p) for n, p in module.named_parameters()]
+
+
+def lora_items(module: torch.nn.Module, include_frozen: bool) -> list[SyncItem]:
+    """A peft LoRA model as the rollout engine needs it: the weight of every LoRA-wrapped layer merged
+    (W + scale * B @ A, computed, the actor's modules untouched), under its base model name; the frozen
+    rest of the base (embeddings, norms, head, biases) only when ``include_frozen`` (the first sync:
+    it never changes, so it is never sent again)."""
+    from peft.tuners.lora import LoraLayer
+    items, covered = [], set()
+    for mname, m in module.named_modules():
+        if not (isinstance(m, LoraLayer) and hasattr(m, "base_layer")):
+            continue
+        covered |= {id(p) for p in m.parameters()}
+        adapters = list(m.active_adapters)
+        base = m.base_layer.weight
+        params = (base, *[p for p in m.parameters() if p.requires_grad])
+
+        def merged(m=m, base=base, adapters=adapters):
+            w = base.detach()
+            for a in adapters:
+                w = w + m.get_delta_weight(a).detach().to(w.dtype)
+            return w
+        items.append(SyncItem(ParamSpec(_base_name(mname) + ".weight", _full_shape(base)), params, merged))
+        bias = getattr(m.base_layer, "bias", None)
+        if include_frozen and bias is not None:
+            items.append(SyncItem(ParamSpec(_base_name(mname) + ".bias", _full_shape(bias)), (bias,),
+                                  lambda b=bias: b))
+    if include_frozen:
+        items += [SyncItem(ParamSpec(_base_name(n), _full_shape(p)), (p,), lambda p=p: p)
+                  for n, p in module.named_parameters() if id(p) not in covered]
+    return items
+
+
+def _base_name(name: str) -> str:
+    """The base model's parameter name inside a peft (and DeepSpeed) wrapper."""
+    name = hf_name(name)
+    return name[len("base_model.model."):] if name.startswith("base_model.model.") else name
+
+
+def actor_buckets(items: list[SyncItem], zero3: bool, dtype: torch.dtype,
                   bucket_bytes: int) -> Iterator[tuple[list[ParamSpec], torch.Tensor]]:
     """Collective over the actor's world: yields (specs, flat tensor in ``dtype``) per bucket."""
-    named = [(hf_name(n), p) for n, p in module.named_parameters()]
-    specs = [ParamSpec(n, _full_shape(p)) for n, p in named]
+    specs = [it.spec for it in items]
     itemsize = torch.empty((), dtype=dtype).element_size()
     for bucket in plan_buckets(specs, bucket_bytes, itemsize):
-        params = [named[i][1] for i in bucket]
+        params = list({id(p): p for i in bucket for p in items[i].params}.values())
         with _gathered(params, zero3):
-            flat = torch.cat([p.detach().to(dtype).reshape(-1) for p in params])
+            flat = torch.cat([items[i].value().detach().to(dtype).reshape(-1) for i in bucket])
         yield [specs[i] for i in bucket], flat
 
 

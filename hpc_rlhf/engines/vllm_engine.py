@@ -75,7 +75,7 @@ class VllmEngine(RolloutEngine):
         self.model_path = str(model_path)
         self.track_checksums = track_checksums  # checksum each loaded tensor (costs a float64 pass per update)
         self.weight_version = 0
-        self._loaded: dict[str, float] | None = None  # per-tensor checksums of the last full update
+        self._loaded: dict[str, float] | None = None  # per-tensor checksums of what the engine holds
         self._pending: dict[str, float] = {}
         self._asleep = False
 
@@ -123,7 +123,10 @@ class VllmEngine(RolloutEngine):
     def finish_weight_update(self) -> None:
         self.llm.collective_rpc(_worker_finish)
         self.llm.reset_prefix_cache()
-        self._loaded = self._pending
+        if self.track_checksums:  # an update may hold only some tensors (LoRA: the merged layers)
+            if self._loaded is None:
+                self._loaded = _folder_checksums(self.model_path)
+            self._loaded.update(self._pending)
         super().finish_weight_update()
 
     def state_checksum(self) -> float:

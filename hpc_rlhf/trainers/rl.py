@@ -33,7 +33,7 @@ from ..data.batching import EpochSampler
 from ..data.prompts import Prompt, load_prompts
 from ..dist.env import device_for, read_env
 from ..dist.placement import PlacementPlan, make_plan
-from ..dist.weight_sync import actor_buckets, receive_weights, send_weights, unpack
+from ..dist.weight_sync import actor_buckets, full_items, lora_items, receive_weights, send_weights, unpack
 from ..dist.worlds import RoleContext, join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
 from ..engines.rollout import combine_checksums, tensor_part_checksum
@@ -72,6 +72,9 @@ class RLRun:
     def __init__(self, cfg: RLConfig, ctx: RoleContext, stop: StopRequest):
         self.cfg, self.ctx, self.stop = cfg, ctx, stop
         self.is_main = ctx.global_rank == 0
+        self._base_sent = False  # LoRA: the frozen base goes to the rollout engines once
+        self.last_sync_numel = 0
+        self._sent_parts: dict[str, float] = {}  # checksums of every tensor sent so far (log.check_weight_sync)
         seed_everything(cfg.train.seed)
         self.device = device_for(read_env())
         self.tokenizer = load_tokenizer(resolve_pretrained(cfg.model.pretrain))
@@ -283,18 +286,24 @@ class RLRun:
         checksum = float("nan")
         if self.actor is not None:
             zero3 = self.actor.engine.zero_optimization_stage() == 3
-            sent: dict[str, float] = {}
+            # LoRA: the merged LoRA layers every time, the frozen rest of the base only the first time
+            items = (lora_items(self.actor.module, include_frozen=not self._base_sent)
+                     if self.cfg.model.lora_rank > 0 else full_items(self.actor.module))
+            track = ctx.role_rank("actor") == 0 and self.cfg.log.check_weight_sync
+
+            self.last_sync_numel = sum(it.spec.numel for it in items)
 
             def tracked(buckets):
                 for specs, flat in buckets:
-                    if ctx.role_rank("actor") == 0 and self.cfg.log.check_weight_sync:
-                        sent.update((n, tensor_part_checksum(t)) for n, t in unpack(specs, flat))
+                    if track:
+                        self._sent_parts.update((n, tensor_part_checksum(t)) for n, t in unpack(specs, flat))
                     yield specs, flat
-            send_weights(ctx.weights, tracked(actor_buckets(self.actor.module, zero3, dtype, bucket_bytes)),
+            send_weights(ctx.weights, tracked(actor_buckets(items, zero3, dtype, bucket_bytes)),
                          is_leader=ctx.role_rank("actor") == 0,
                          local_engine=self.rollout.engine if self.rollout is not None else None)
-            if sent:
-                checksum = combine_checksums(sent)
+            self._base_sent = True
+            if track:  # over every tensor the engines hold: the ones sent now and the frozen ones sent before
+                checksum = combine_checksums(self._sent_parts)
         elif self.rollout is not None:
             receive_weights(ctx.weights, self.rollout.engine, dtype)
         if self.rollout is not None and self.cfg.log.check_weight_sync:
@@ -353,6 +362,7 @@ class RLRun:
         if self.cfg.log.check_weight_sync:
             if self.actor is not None and self.ctx.role_rank("actor") == 0:
                 role_metrics["sync/checksum_sent"] = checksum
+                role_metrics["sync/numel_sent"] = float(self.last_sync_numel)
             if self.rollout is not None:
                 role_metrics[f"sync/checksum_loaded/{self.ctx.role_rank('rollout')}"] = checksum
         # commit: every rank's metrics reach every rank (the same values everywhere), then the KL controller
