@@ -29,7 +29,8 @@ def engine(models):
     t0 = time.time()
     eng = VllmEngine(str(models[0]), dtype="fp32", max_model_len=64, max_num_seqs=32, track_checksums=True)
     print(f"vllm engine start-up: {time.time() - t0:.1f} s")
-    return eng
+    yield eng
+    eng.close()
 
 
 def _greedy(eng, prompts=PROMPTS, n=12, stop=()):
@@ -112,3 +113,20 @@ def test_per_request_seeds(engine):
 def test_too_long_prompt_is_a_clear_error(engine):
     with pytest.raises(ValueError, match="max_model_len 64"):
         engine.generate([[1] * 60], SamplingParams(max_new_tokens=8), [0])
+
+
+def test_tensor_parallel_engine(models, engine):
+    """Two tensor-parallel worker processes: greedy parity before and after a weight update."""
+    from transformers import AutoModelForCausalLM
+
+    from hpc_rlhf.engines.vllm_engine import VllmEngine
+    engine.close()  # one engine at a time on this machine
+    t0 = time.time()
+    tp = VllmEngine(str(models[0]), dtype="fp32", max_model_len=64, max_num_seqs=32, tensor_parallel_size=2)
+    print(f"vllm engine start-up, tensor parallel 2: {time.time() - t0:.1f} s")
+    try:
+        assert [c.token_ids for c in _greedy(tp)] == [c.token_ids for c in _greedy(HFEngine(models[0]))]
+        tp.update_weights(AutoModelForCausalLM.from_pretrained(models[1]).named_parameters())
+        assert [c.token_ids for c in _greedy(tp)] == [c.token_ids for c in _greedy(HFEngine(models[1]))]
+    finally:
+        tp.close()

@@ -16,8 +16,12 @@ class EngineOptions:
     vllm_cpu_kv_cache_gib: int = field(1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
     vllm_gpu_memory_utilization: float = field(0.5, help="vllm on GPU: fraction of GPU memory for weights and KV "
                                                          "cache (lower it when the actor shares the GPU)")
+    vllm_tensor_parallel_size: int = field(1, help="vllm: shards of the model inside each rollout rank's engine "
+                                                   "(worker processes; on GPU one device each)")
 
     def validate(self) -> None:
+        if self.vllm_tensor_parallel_size < 1:
+            raise ConfigError(f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}")
         if self.vllm_cpu_kv_cache_gib < 1:
             raise ConfigError(f"vllm_cpu_kv_cache_gib must be >= 1, got {self.vllm_cpu_kv_cache_gib}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:

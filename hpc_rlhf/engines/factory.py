@@ -13,6 +13,6 @@ def make_engine(opts, pretrain: str, dtype: str, device, max_batch_size: int, se
         return VllmEngine(path, dtype=dtype, device=str(device), seed=seed, max_model_len=opts.vllm_max_model_len,
                           max_num_seqs=max_batch_size, cpu_kv_cache_gib=opts.vllm_cpu_kv_cache_gib,
                           gpu_memory_utilization=opts.vllm_gpu_memory_utilization, enable_sleep_mode=sleep,
-                          track_checksums=track_checksums)
+                          track_checksums=track_checksums, tensor_parallel_size=opts.vllm_tensor_parallel_size)
     from .hf_engine import HFEngine
     return HFEngine(path, dtype=dtype, device=str(device), max_batch_size=max_batch_size)

