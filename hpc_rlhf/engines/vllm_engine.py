@@ -166,10 +166,11 @@ class VllmEngine(RolloutEngine):
 
     # ---------------------------------------------------------------------------------- colocation
     def sleep(self) -> None:
-        """GPU: free the KV cache and drop the weights (level 2; the next sync reloads them).  CPU: vLLM
-        has no sleep mode there, so this does nothing and the engine keeps its memory."""
+        """GPU: free the KV cache and move the weights to host memory (level 1: a LoRA sync updates only
+        some weights, so the others must survive).  CPU: vLLM has no sleep mode there, so this does
+        nothing and the engine keeps its memory."""
         if self.sleep_supported and not self._asleep:
-            self.llm.sleep(level=2)
+            self.llm.sleep(level=1)
             self._asleep = True
 
     def wake(self) -> None:
