@@ -1,17 +1,22 @@
 """GRPO seconds per step: hpc_rlhf against TRL's GRPOTrainer, same model, prompts and settings, one run.
 
-Both sides: the same random-weight Llama (hidden 256, 4 layers, our byte-level tokenizer), one prompt
-per step with a group of 8 samples, up to 32 new tokens at temperature 1, no reference model
-(beta 0), one optimisation pass per step, fp32 on CPU, the same reward function.  Each side runs in
-a child process so neither inherits the other's threads or caches.  The first ``--warmup`` steps are
-left out of the mean.  Prints one JSON line.
+Both sides: the same random-weight Llama (3.3M parameters: hidden 256, 4 layers, our 260-token
+byte-level tokenizer), one prompt per step with a group of 8 samples, up to 32 new tokens at
+temperature 1, no reference model (beta 0), one optimisation pass per step, fp32 on CPU, the same
+reward function.  Each run is a child process, so neither side inherits the other's threads or
+caches.  The sides alternate over ``--rounds`` rounds (TRL first in even rounds, hpc_rlhf first in odd
+ones), so a slow spell of a shared machine does not land on one side only.  A round's figure is the
+mean seconds per step after the first ``--warmup`` steps; the result is the median over rounds, and
+``speedup`` is the ratio of the two medians.  Prints one JSON line.
 
-    python benchmarks/grpo_vs_trl.py --steps 20
+    python benchmarks/grpo_vs_trl.py --steps 20 --rounds 3
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,6 +79,7 @@ def run_ours(model: str, steps: int, root: Path) -> list[float]:
     data = root / "prompts.jsonl"
     data.write_text("".join(json.dumps({"input": p}) + "\n" for p in PROMPTS))
     (root / "reward.py").write_text(REWARD_FILE)
+    out = root / "ours_out"
     cfg = {"model": {"pretrain": model, "param_dtype": "fp32"},
            "data": {"prompt_data": [str(data)], "input_key": "input", "label_key": None},
            "reward": {"reward_func": str(root / "reward.py")},
@@ -82,41 +88,59 @@ def run_ours(model: str, steps: int, root: Path) -> list[float]:
            "train": {"train_batch_size": 8, "micro_train_batch_size": 8, "actor_learning_rate": 1e-6,
                      "max_steps": steps, "zero_stage": 0, "seed": 0},
            "placement": {"colocate_all": True},
-           "ckpt": {"save_path": str(root / "ours_out"), "ckpt_path": str(root / "ours_ckpt")},
+           "ckpt": {"save_path": str(out), "ckpt_path": str(root / "ours_ckpt")},
            "log": {"logging_steps": 1, "use_tensorboard": False, "progress_bar": "off"}}
     (root / "ours.yaml").write_text(yaml.safe_dump(cfg))
     subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(root / "ours.yaml")],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = [json.loads(x) for x in (root / "ours_out" / "metrics.jsonl").read_text().splitlines()]
-    if "--breakdown" in sys.argv:
-        keys = [k for k in rows[0] if k.startswith("time/")]
-        print({k: round(sum(r[k] for r in rows[3:]) / len(rows[3:]), 4) for k in keys}, file=sys.stderr)
-    return [r["time/step_s"] for r in rows]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out)  # the next round starts afresh, not as a resume
+    shutil.rmtree(root / "ours_ckpt", ignore_errors=True)
+    return rows
+
+
+def timed_mean(times: list[float], warmup: int) -> float:
+    if len(times) <= warmup:
+        raise SystemExit(f"--steps must exceed --warmup ({warmup}): only {len(times)} steps were timed")
+    return sum(times[warmup:]) / len(times[warmup:])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--breakdown", action="store_true", help="print hpc_rlhf's mean time per phase to stderr")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each side, alternating which goes first")
+    ap.add_argument("--breakdown", action="store_true", help="print each round and hpc_rlhf's time per phase to stderr")
     args = ap.parse_args()
+    w = args.warmup
+    trl_means: list[float] = []
+    ours_means: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = str(build_model(root))
-        trl_file = root / "trl_times.json"
-        subprocess.run([sys.executable, __file__, "--_trl", model, str(args.steps), str(trl_file)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        trl_times = json.loads(trl_file.read_text())
-        ours = run_ours(model, args.steps, root)
-    w = args.warmup
-    trl_s = sum(trl_times[w:]) / len(trl_times[w:])
-    ours_s = sum(ours[w:]) / len(ours[w:])
-    if args.breakdown:
-        print("trl step times", [round(t, 3) for t in trl_times], file=sys.stderr)
-        print("hpc_rlhf step times", [round(t, 3) for t in ours], file=sys.stderr)
-    print(json.dumps({"benchmark": "grpo_vs_trl", "steps_timed": args.steps - w, "group_size": 8,
-                      "max_new_tokens": 32, "trl_s_per_step": round(trl_s, 4), "hpc_rlhf_s_per_step": round(ours_s, 4),
-                      "speedup": round(trl_s / ours_s, 2)}))
+        for r in range(args.rounds):
+            for side in (("trl", "ours") if r % 2 == 0 else ("ours", "trl")):
+                if side == "trl":
+                    trl_file = root / "trl_times.json"
+                    subprocess.run([sys.executable, __file__, "--_trl", model, str(args.steps), str(trl_file)],
+                                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    times = json.loads(trl_file.read_text())
+                    trl_means.append(timed_mean(times, w))
+                else:
+                    rows = run_ours(model, args.steps, root)
+                    times = [row["time/step_s"] for row in rows]
+                    ours_means.append(timed_mean(times, w))
+                    if args.breakdown:
+                        phases = [k for k in rows[0] if k.startswith("time/")]
+                        print("hpc_rlhf phases", {k: round(timed_mean([row[k] for row in rows], w), 4)
+                                                  for k in phases}, file=sys.stderr)
+                if args.breakdown:
+                    print(f"round {r} {side} step times", [round(t, 3) for t in times], file=sys.stderr)
+    trl_s, ours_s = statistics.median(trl_means), statistics.median(ours_means)
+    print(json.dumps({"benchmark": "grpo_vs_trl", "rounds": args.rounds, "steps_timed": args.steps - w,
+                      "group_size": 8, "max_new_tokens": 32, "trl_s_per_step": round(trl_s, 4),
+                      "hpc_rlhf_s_per_step": round(ours_s, 4), "speedup": round(trl_s / ours_s, 2),
+                      "speedup_per_round": [round(t / o, 2) for t, o in zip(trl_means, ours_means)]}))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 
 from hpc_rlhf.config.sections import DataConfig
 from hpc_rlhf.data.mixing import mix
-from hpc_rlhf.data.rows import BadRows, DataError
+from hpc_rlhf.data.rows import TOKENIZE_ROWS, BadRows, DataError, in_chunks
 from hpc_rlhf.data.sft import build_sft_samples, load_sft_data
 
 EOS = "<|endoftext|>"
@@ -141,6 +141,31 @@ def test_bad_rows_plain(chatml_tokenizer):
     assert "train.jsonl row 5: 22 tokens, more than max_len 16" in summary
     with pytest.raises(DataError, match=r"^train.jsonl row 2: missing key 'output'"):
         build(rows, chatml_tokenizer, bad=BadRows("error"), max_len=16)
+
+
+def test_in_chunks_is_lazy_and_keeps_every_item():
+    pulled = []
+
+    def items():
+        for i in range(7):
+            pulled.append(i)
+            yield i
+
+    chunks = in_chunks(items(), 3)
+    assert next(chunks) == [0, 1, 2] and pulled == [0, 1, 2]  # nothing read ahead of the first chunk
+    assert list(chunks) == [[3, 4, 5], [6]]
+    assert list(in_chunks([], 3)) == []
+
+
+def test_rows_across_tokenizer_chunks_keep_order_and_row_numbers(chatml_tokenizer):
+    n = 2 * TOKENIZE_ROWS + 5
+    bad_at = {TOKENIZE_ROWS + 3, 2 * TOKENIZE_ROWS + 2}  # 1-based rows with a missing output, in chunks 2 and 3
+    rows = [{"input": "q"} if r in bad_at else {"input": "q", "output": f"a{r}"} for r in range(1, n + 1)]
+    bad = BadRows("skip")
+    samples = build(rows, chatml_tokenizer, bad=bad)
+    assert [s.source for s in samples] == [f"train.jsonl row {r}" for r in range(1, n + 1) if r not in bad_at]
+    assert samples[-1].input_ids == pieces(chatml_tokenizer, ("q", 0), (f"a{n}", 1))[0] + [chatml_tokenizer.eos_token_id]
+    assert bad.counts() == {"missing_key": 2}
 
 
 def test_exactly_max_len_is_kept(chatml_tokenizer):

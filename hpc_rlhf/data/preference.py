@@ -21,15 +21,13 @@ two responses become identical when cut).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ..config.preference import PairDataConfig, PreferenceDataConfig, UnpairedDataConfig
 from .assemble import assemble
-from .rows import BadRows, DataError, checked_template
+from .rows import BadRows, DataError, checked_template, in_chunks
 from .sft import Sample, _Bad, _ChatRenderer, _check_messages, _get_str
 from .sources import load_source
-
-_CHUNK = 512  # rows tokenized per tokenizer call
 T = TypeVar("T")
 
 
@@ -230,19 +228,15 @@ def _tokenize(rows: Iterable[dict], name: str, tokenizer, cfg: PreferenceDataCon
             except _Bad as b:
                 bad.add(name, c.row, b.kind, b.detail)
 
-    chunk: list[_Rendered] = []
-    for i, row in enumerate(rows):
-        r = i + 1
-        try:
-            prompt, responses = texts(row, r)
-            chunk.append(_Rendered(r, prompt, responses, extra(row)))
-        except _Bad as b:
-            bad.add(name, r, b.kind, b.detail)
-            continue
-        if len(chunk) == _CHUNK:
-            flush(chunk)
-            chunk = []
-    if chunk:
+    def rendered() -> Iterator[_Rendered]:
+        for r, row in enumerate(rows, start=1):
+            try:
+                prompt, responses = texts(row, r)
+                yield _Rendered(r, prompt, responses, extra(row))
+            except _Bad as b:
+                bad.add(name, r, b.kind, b.detail)
+
+    for chunk in in_chunks(rendered()):
         flush(chunk)
     return out
 

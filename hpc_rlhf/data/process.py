@@ -17,15 +17,13 @@ label or longer than ``max_len`` is a bad row (skipped and counted with file and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ..config.preference import ProcessDataConfig
 from .assemble import assemble
-from .rows import BadRows, DataError
+from .rows import BadRows, DataError, in_chunks
 from .sft import _Bad, _get_str
 from .sources import load_source
-
-_CHUNK = 512
 
 
 @dataclass
@@ -128,27 +126,24 @@ def build_process_samples(rows: Iterable[dict], name: str, tokenizer, cfg: Proce
                 continue
             out.append(ProcessSample(ids, positions, labels, f"{name} row {r}"))
 
-    chunk: list[tuple[int, list[str], list]] = []
-    for i, row in enumerate(rows):
-        r = i + 1
-        try:
-            text = _get_str(row, cfg.input_key)
-            labels = _labels(row, cfg.label_key, cfg.soft_labels)
-            pieces = text.split(cfg.placeholder)
-            steps = len(pieces) - 1
-            if steps == 0:
-                raise _Bad("empty", f"no step placeholder {cfg.placeholder!r} in {cfg.input_key!r}")
-            if len(labels) != steps:
-                raise _Bad("wrong_type", f"{len(labels)} labels in {cfg.label_key!r} for {steps} step "
-                                         f"placeholders {cfg.placeholder!r}")
-        except _Bad as b:
-            bad.add(name, r, b.kind, b.detail)
-            continue
-        chunk.append((r, pieces, labels))
-        if len(chunk) == _CHUNK:
-            flush(chunk)
-            chunk = []
-    if chunk:
+    def parsed() -> Iterator[tuple[int, list[str], list]]:
+        for r, row in enumerate(rows, start=1):
+            try:
+                text = _get_str(row, cfg.input_key)
+                labels = _labels(row, cfg.label_key, cfg.soft_labels)
+                pieces = text.split(cfg.placeholder)
+                steps = len(pieces) - 1
+                if steps == 0:
+                    raise _Bad("empty", f"no step placeholder {cfg.placeholder!r} in {cfg.input_key!r}")
+                if len(labels) != steps:
+                    raise _Bad("wrong_type", f"{len(labels)} labels in {cfg.label_key!r} for {steps} step "
+                                             f"placeholders {cfg.placeholder!r}")
+            except _Bad as b:
+                bad.add(name, r, b.kind, b.detail)
+                continue
+            yield r, pieces, labels
+
+    for chunk in in_chunks(parsed()):
         flush(chunk)
     return out
 

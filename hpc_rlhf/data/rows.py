@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Iterable, Iterator, TypeVar
 
+T = TypeVar("T")
 KINDS = ("missing_key", "empty", "wrong_type", "too_long")
 
 
@@ -59,3 +61,18 @@ def checked_template(template: str | None) -> str | None:
             raise DataError(f"data.input_template {template!r} is not a format string with one {{}} "
                             f"(write literal braces as {{{{ and }}}}): {e}") from e
     return template
+
+
+TOKENIZE_ROWS = 512  # rows per call of the (Rust, multi-threaded) tokenizer
+
+
+def in_chunks(items: Iterable[T], size: int = TOKENIZE_ROWS) -> Iterator[list[T]]:
+    """Consecutive lists of ``size`` items (the last one shorter), pulled lazily from ``items``."""
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

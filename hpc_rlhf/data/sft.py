@@ -9,10 +9,8 @@ import numpy as np
 
 from ..config.sections import DataConfig
 from .assemble import assemble
-from .rows import BadRows, DataError, checked_template
+from .rows import BadRows, DataError, checked_template, in_chunks
 from .sources import load_source
-
-_CHUNK = 512  # rows tokenized per call of the (Rust, multi-threaded) tokenizer
 
 
 @dataclass
@@ -182,13 +180,7 @@ def build_sft_samples(rows: Iterable[dict], name: str, tokenizer, cfg: DataConfi
                 continue
             out.append(Sample(list(ids), mask, f"{name} row {t.row}"))
 
-    chunk: list[_Text] = []
-    for t in _render_rows(rows, name, tokenizer, cfg, bad):
-        chunk.append(t)
-        if len(chunk) == _CHUNK:
-            flush(chunk)
-            chunk = []
-    if chunk:
+    for chunk in in_chunks(_render_rows(rows, name, tokenizer, cfg, bad)):
         flush(chunk)
     return out
 
