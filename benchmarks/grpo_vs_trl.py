@@ -75,11 +75,11 @@ def run_trl(model: str, steps: int, out: str) -> None:
     Path(out).write_text(json.dumps(times))
 
 
-def run_ours(model: str, steps: int, root: Path) -> list[float]:
+def write_ours_config(model: str, steps: int, root: Path) -> Path:
+    """hpc_rlhf's side of the run: prompts, reward file and train config, written once for every round."""
     data = root / "prompts.jsonl"
     data.write_text("".join(json.dumps({"input": p}) + "\n" for p in PROMPTS))
     (root / "reward.py").write_text(REWARD_FILE)
-    out = root / "ours_out"
     cfg = {"model": {"pretrain": model, "param_dtype": "fp32"},
            "data": {"prompt_data": [str(data)], "input_key": "input", "label_key": None},
            "reward": {"reward_func": str(root / "reward.py")},
@@ -88,14 +88,21 @@ def run_ours(model: str, steps: int, root: Path) -> list[float]:
            "train": {"train_batch_size": 8, "micro_train_batch_size": 8, "actor_learning_rate": 1e-6,
                      "max_steps": steps, "zero_stage": 0, "seed": 0},
            "placement": {"colocate_all": True},
-           "ckpt": {"save_path": str(out), "ckpt_path": str(root / "ours_ckpt")},
+           "ckpt": {"save_path": str(root / "ours_out"), "ckpt_path": str(root / "ours_ckpt")},
            "log": {"logging_steps": 1, "use_tensorboard": False, "progress_bar": "off"}}
-    (root / "ours.yaml").write_text(yaml.safe_dump(cfg))
-    subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(root / "ours.yaml")],
+    config = root / "ours.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+def run_ours(config: Path) -> list[dict]:
+    """One training run; its metrics rows.  The output folders are removed so the next round starts afresh."""
+    cfg = yaml.safe_load(config.read_text())["ckpt"]
+    subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(config)],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    shutil.rmtree(out)  # the next round starts afresh, not as a resume
-    shutil.rmtree(root / "ours_ckpt", ignore_errors=True)
+    rows = [json.loads(x) for x in (Path(cfg["save_path"]) / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(cfg["save_path"])
+    shutil.rmtree(cfg["ckpt_path"], ignore_errors=True)  # else the next round would resume from it
     return rows
 
 
@@ -118,6 +125,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = str(build_model(root))
+        config = write_ours_config(model, args.steps, root)
         for r in range(args.rounds):
             for side in (("trl", "ours") if r % 2 == 0 else ("ours", "trl")):
                 if side == "trl":
@@ -127,7 +135,7 @@ def main() -> None:
                     times = json.loads(trl_file.read_text())
                     trl_means.append(timed_mean(times, w))
                 else:
-                    rows = run_ours(model, args.steps, root)
+                    rows = run_ours(config)
                     times = [row["time/step_s"] for row in rows]
                     ours_means.append(timed_mean(times, w))
                     if args.breakdown:

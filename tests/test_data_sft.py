@@ -164,7 +164,8 @@ def test_rows_across_tokenizer_chunks_keep_order_and_row_numbers(chatml_tokenize
     bad = BadRows("skip")
     samples = build(rows, chatml_tokenizer, bad=bad)
     assert [s.source for s in samples] == [f"train.jsonl row {r}" for r in range(1, n + 1) if r not in bad_at]
-    assert samples[-1].input_ids == pieces(chatml_tokenizer, ("q", 0), (f"a{n}", 1))[0] + [chatml_tokenizer.eos_token_id]
+    last_ids, _ = pieces(chatml_tokenizer, ("q", 0), (f"a{n}", 1))
+    assert samples[-1].input_ids == last_ids + [chatml_tokenizer.eos_token_id]
     assert bad.counts() == {"missing_key": 2}
 
 

@@ -28,6 +28,7 @@ from .assemble import assemble
 from .rows import BadRows, DataError, checked_template, in_chunks
 from .sft import Sample, _Bad, _ChatRenderer, _check_messages, _get_str
 from .sources import load_source
+
 T = TypeVar("T")
 
 
