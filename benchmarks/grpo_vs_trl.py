@@ -1,13 +1,21 @@
 """GRPO seconds per step: hpc_rlhf against TRL's GRPOTrainer, same model, prompts and settings, one run.
 
-Both sides: the same random-weight Llama (3.3M parameters: hidden 256, 4 layers, our 260-token
+Every side: the same random-weight Llama (3.3M parameters: hidden 256, 4 layers, our 260-token
 byte-level tokenizer), one prompt per step with a group of 8 samples, up to 32 new tokens at
 temperature 1, no reference model (beta 0), one optimisation pass per step, fp32 on CPU, the same
-reward function.  Each run is a child process, so neither side inherits the other's threads or
-caches.  The sides alternate over ``--rounds`` rounds (TRL first in even rounds, hpc_rlhf first in odd
-ones), so a slow spell of a shared machine does not land on one side only.  A round's figure is the
-mean seconds per step after the first ``--warmup`` steps; the result is the median over rounds, and
-``speedup`` is the ratio of the two medians.  Prints one JSON line.
+reward function.  Three sides:
+
+  trl             TRL's GRPOTrainer, one process (on-policy)
+  hpc_rlhf        `hpc-rlhf train rl`, every role on one rank (on-policy, like TRL)
+  hpc_rlhf_async  `hpc-rlhf train rl` with train.async_train: actor+reward on one rank, the rollout on
+                  another, which generates step t+1's samples while step t trains (one step off-policy)
+
+Each run is a child process, so no side inherits another's threads or caches.  The order of the sides
+rotates over ``--rounds`` rounds, so a slow spell of a shared machine does not land on one side only.
+A round's figure is the mean seconds per step after the first ``--warmup`` steps, leaving out the last
+step (an async run has no next step to generate then, so its last step is cheaper); each side's result
+is the median over rounds.  ``speedup`` is TRL's median over hpc_rlhf's (the like-for-like, on-policy
+comparison); ``speedup_async`` is TRL's over hpc_rlhf_async's.  Prints one JSON line.
 
     python benchmarks/grpo_vs_trl.py --steps 20 --rounds 3
 """
@@ -95,6 +103,16 @@ def write_ours_config(model: str, steps: int, root: Path) -> Path:
     return config
 
 
+def write_async_config(config: Path) -> Path:
+    """The same run one step off-policy: actor and reward function on rank 0, the rollout on rank 1."""
+    cfg = yaml.safe_load(config.read_text())
+    cfg["train"]["async_train"] = True
+    cfg["placement"] = {"colocate_actor_reward": True}
+    out = config.with_name("ours_async.yaml")
+    out.write_text(yaml.safe_dump(cfg))
+    return out
+
+
 def run_ours(config: Path) -> list[dict]:
     """One training run; its metrics rows.  The output folders are removed so the next round starts afresh."""
     cfg = yaml.safe_load(config.read_text())["ckpt"]
@@ -107,48 +125,59 @@ def run_ours(config: Path) -> list[dict]:
 
 
 def timed_mean(times: list[float], warmup: int) -> float:
-    if len(times) <= warmup:
-        raise SystemExit(f"--steps must exceed --warmup ({warmup}): only {len(times)} steps were timed")
-    return sum(times[warmup:]) / len(times[warmup:])
+    """Mean of the steps after the warm-up, without the last one."""
+    timed = times[warmup:-1]
+    if not timed:
+        raise SystemExit(f"--steps must exceed --warmup + 1 ({warmup + 1}): only {len(times)} steps were run")
+    return sum(timed) / len(timed)
+
+
+def run_trl_child(model: str, steps: int, root: Path) -> list[float]:
+    out = root / "trl_times.json"
+    subprocess.run([sys.executable, __file__, "--_trl", model, str(steps), str(out)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.loads(out.read_text())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=3, help="runs of each side, alternating which goes first")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each side, the order rotating every round")
     ap.add_argument("--breakdown", action="store_true", help="print each round and hpc_rlhf's time per phase to stderr")
     args = ap.parse_args()
     w = args.warmup
-    trl_means: list[float] = []
-    ours_means: list[float] = []
+    sides = ("trl", "hpc_rlhf", "hpc_rlhf_async")
+    means: dict[str, list[float]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = str(build_model(root))
-        config = write_ours_config(model, args.steps, root)
+        configs = {"hpc_rlhf": write_ours_config(model, args.steps, root)}
+        configs["hpc_rlhf_async"] = write_async_config(configs["hpc_rlhf"])
         for r in range(args.rounds):
-            for side in (("trl", "ours") if r % 2 == 0 else ("ours", "trl")):
+            for side in sides[r % 3:] + sides[:r % 3]:
                 if side == "trl":
-                    trl_file = root / "trl_times.json"
-                    subprocess.run([sys.executable, __file__, "--_trl", model, str(args.steps), str(trl_file)],
-                                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    times = json.loads(trl_file.read_text())
-                    trl_means.append(timed_mean(times, w))
+                    times = run_trl_child(model, args.steps, root)
                 else:
-                    rows = run_ours(config)
+                    rows = run_ours(configs[side])
                     times = [row["time/step_s"] for row in rows]
-                    ours_means.append(timed_mean(times, w))
                     if args.breakdown:
-                        phases = [k for k in rows[0] if k.startswith("time/")]
-                        print("hpc_rlhf phases", {k: round(timed_mean([row[k] for row in rows], w), 4)
-                                                  for k in phases}, file=sys.stderr)
+                        phases = sorted(k for k in rows[-1] if k.startswith("time/"))
+                        print(f"{side} phases", {k: round(timed_mean([row.get(k, 0.0) for row in rows], w), 4)
+                                                 for k in phases}, file=sys.stderr)
+                means[side].append(timed_mean(times, w))
                 if args.breakdown:
                     print(f"round {r} {side} step times", [round(t, 3) for t in times], file=sys.stderr)
-    trl_s, ours_s = statistics.median(trl_means), statistics.median(ours_means)
-    print(json.dumps({"benchmark": "grpo_vs_trl", "rounds": args.rounds, "steps_timed": args.steps - w,
-                      "group_size": 8, "max_new_tokens": 32, "trl_s_per_step": round(trl_s, 4),
-                      "hpc_rlhf_s_per_step": round(ours_s, 4), "speedup": round(trl_s / ours_s, 2),
-                      "speedup_per_round": [round(t / o, 2) for t, o in zip(trl_means, ours_means)]}))
+    med = {side: statistics.median(v) for side, v in means.items()}
+    trl = means["trl"]
+    print(json.dumps({"benchmark": "grpo_vs_trl", "rounds": args.rounds, "steps_timed": args.steps - w - 1,
+                      "group_size": 8, "max_new_tokens": 32, "trl_s_per_step": round(med["trl"], 4),
+                      "hpc_rlhf_s_per_step": round(med["hpc_rlhf"], 4),
+                      "hpc_rlhf_async_s_per_step": round(med["hpc_rlhf_async"], 4),
+                      "speedup": round(med["trl"] / med["hpc_rlhf"], 2),
+                      "speedup_async": round(med["trl"] / med["hpc_rlhf_async"], 2),
+                      "speedup_per_round": [round(t / o, 2) for t, o in zip(trl, means["hpc_rlhf"])],
+                      "speedup_async_per_round": [round(t / o, 2) for t, o in zip(trl, means["hpc_rlhf_async"])]}))
 
 
 if __name__ == "__main__":

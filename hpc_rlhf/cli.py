@@ -54,8 +54,7 @@ def run_trainer(trainer: str, config_path: str | None, overrides: list[str]) -> 
     cfg, _ = load_trainer_config(trainer, config_path, overrides)
     try:
         return _import(TRAINERS[trainer][1])(cfg)
-    except RunStopped as stopped:
-        logging.getLogger("hpc_rlhf").warning("%s", stopped)
+    except RunStopped:  # logged where the ranks agreed to stop
         raise SystemExit(EXIT_STOPPED) from None
 
 

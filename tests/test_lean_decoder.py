@@ -47,3 +47,37 @@ def test_engine_lean_and_transformers_paths_sample_the_same(tmp_path):
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
     for x, y in zip(a, b):
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+
+
+def test_packed_weights_follow_in_place_changes(tmp_path):
+    """The packed copies are rebuilt when a module weight changes in place (as an optimizer step does it)
+    or is replaced, and kept as they are while nothing changed."""
+    from transformers import AutoModelForCausalLM
+
+    from hpc_rlhf.models.tiny import build_tiny_model
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(
+        tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64, seed=3)).eval()
+    lean = LeanDecoder(model)
+    ids = torch.tensor([[5, 6, 7]])
+    pos = torch.arange(3)[None]
+    valid = torch.ones((1, 3), dtype=torch.bool)
+
+    def logits():
+        lean.start(1, 4, torch.float32, torch.device("cpu"))
+        with torch.no_grad():
+            return lean.forward(ids, pos, valid)
+
+    first = logits()
+    packed = lean.layers
+    logits()
+    assert lean.layers is packed  # unchanged weights: no rebuild
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight.mul_(1.5)  # in place: the version counter moves
+        want = model(ids).logits[0, -1]
+    got = logits()
+    assert lean.layers is not packed and not torch.allclose(got[0], first[0])
+    torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.v_proj.weight = torch.nn.Parameter(torch.zeros(32, 32))  # replaced
+        want = model(ids).logits[0, -1]
+    torch.testing.assert_close(logits()[0], want, atol=1e-5, rtol=1e-5)

@@ -1,3 +1,5 @@
+import pytest
+
 from hpc_rlhf.dist.placement import make_plan
 
 SIZES = {"actor": 2, "reference": 2, "critic": 1, "reward": 1, "rollout": 3}
@@ -22,3 +24,12 @@ def test_unused_roles_are_left_out_and_described():
     plan = make_plan({"actor": 1, "reward": 1, "rollout": 1, "critic": 0, "reference": 0})
     assert not plan.has("critic") and plan.ranks_of("reference") == range(0)
     assert "ranks 2-2  world 'rollout'  roles: rollout" in plan.describe()
+
+
+def test_reward_on_the_actor_ranks():
+    plan = make_plan({"actor": 2, "reward": 1, "rollout": 1}, colocate_actor_reward=True)
+    assert [(c.name, list(c.ranks)) for c in plan.components] == [("actor+reward", [0, 1]), ("rollout", [2])]
+    both = make_plan(SIZES, colocate_actor_ref=True, colocate_actor_reward=True)
+    assert both.components[0].roles == ("actor", "reference", "reward")
+    with pytest.raises(ValueError, match="either the actor's ranks or the critic's"):
+        make_plan(SIZES, colocate_critic_reward=True, colocate_actor_reward=True)

@@ -5,6 +5,7 @@ Layout under ``ckpt_path``::
     global_step12/            one committed checkpoint
         <engine>/             DeepSpeed model + optimizer + scheduler shards per engine (actor, critic, ...)
         rng_rank{r}.pt        each rank's RNG states
+        state_rank{r}.pt      what else a rank must keep (optional; e.g. samples generated ahead of the step)
         trainer.json          step, epoch and whatever the trainer needs to continue exactly
         COMMITTED             written last: only folders with it count
 
@@ -56,11 +57,13 @@ def _default_rank() -> int:
 
 
 def save_checkpoint(engines: dict, ckpt_path: str | Path, step: int, trainer_state: dict, max_keep: int,
-                    rank: int | None = None, barrier: Callable[[], None] = _default_barrier) -> Path:
+                    rank: int | None = None, barrier: Callable[[], None] = _default_barrier,
+                    rank_state: dict | None = None) -> Path:
     """Collective over every rank of the job (``barrier`` spans them all; ``rank`` is the global rank).
 
     ``engines`` maps a name to each DeepSpeed engine this rank holds; an engine's ranks all hold it
-    under the same name, and its shards go to ``<name>/``.
+    under the same name, and its shards go to ``<name>/``.  ``rank_state`` (any picklable dict) is
+    this rank's own state; ``load_checkpoint`` hands it back as ``state["rank_state"]``.
     """
     rank = _default_rank() if rank is None else rank
     root = Path(ckpt_path)
@@ -73,6 +76,8 @@ def save_checkpoint(engines: dict, ckpt_path: str | Path, step: int, trainer_sta
     for name, engine in engines.items():
         engine.save_checkpoint(str(tmp), tag=name, save_latest=False)
     torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+    if rank_state is not None:
+        torch.save(rank_state, tmp / f"state_rank{rank}.pt")
     barrier()
     if rank == 0:
         (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
@@ -87,7 +92,8 @@ def save_checkpoint(engines: dict, ckpt_path: str | Path, step: int, trainer_sta
 
 
 def load_checkpoint(engines: dict, path: str | Path, rank: int | None = None) -> dict:
-    """Restore this rank's engines and RNG states; return the trainer state."""
+    """Restore this rank's engines and RNG states; return the trainer state (with this rank's
+    ``rank_state`` under the key "rank_state" when it saved one)."""
     rank = _default_rank() if rank is None else rank
     path = Path(path)
     for name, engine in engines.items():
@@ -99,4 +105,8 @@ def load_checkpoint(engines: dict, path: str | Path, rank: int | None = None) ->
     if not rng_file.is_file():
         raise RuntimeError(f"{rng_file} is missing: was the checkpoint written with a different number of ranks?")
     set_rng_state(torch.load(rng_file, weights_only=False))
-    return json.loads((path / "trainer.json").read_text())
+    state = json.loads((path / "trainer.json").read_text())
+    own = path / f"state_rank{rank}.pt"
+    if own.is_file():
+        state["rank_state"] = torch.load(own, weights_only=False)
+    return state

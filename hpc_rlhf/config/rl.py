@@ -137,6 +137,9 @@ class RLTrainConfig(OptimizerConfig):
     actor_learning_rate: float = field(1e-6, help="actor peak learning rate")
     critic_learning_rate: float = field(9e-6, help="critic peak learning rate")
     freezing_actor_steps: int = field(0, help="critic warm-up: RL steps during which only the critic trains")
+    async_train: bool = field(False, help="the rollout ranks generate the next step's samples while this step "
+                                          "trains (one step off-policy; needs the rollout on ranks of its own; "
+                                          "docs/rl.md)")
 
 
 @dataclass
@@ -148,9 +151,16 @@ class PlacementConfig:
     rollout_num_ranks: int = field(1, help="ranks generating")
     colocate_actor_ref: bool = field(False, help="reference on the actor's ranks")
     colocate_critic_reward: bool = field(False, help="reward model on the critic's ranks")
+    colocate_actor_reward: bool = field(False, help="reward role on the actor's ranks (a reward function or "
+                                                    "remote reward needs no rank of its own)")
     colocate_all: bool = field(False, help="every role on the actor's ranks (small runs)")
     collective_timeout_s: float = field(1800.0, help="time limit of any collective")
     dead_rank_timeout_s: float = field(20.0, help="a rank silent this long is dead: every rank exits")
+
+    def validate(self) -> None:
+        if self.colocate_actor_reward and self.colocate_critic_reward:
+            raise ConfigError("placement.colocate_actor_reward and placement.colocate_critic_reward both put the "
+                              "reward role somewhere: set only one")
 
 
 @dataclass
@@ -186,6 +196,9 @@ class RLConfig:
             # the engine's log-probs are at temperature 1, the trainer's at rollout.temperature
             raise ConfigError(f"algo.is_correction={self.algo.is_correction!r} needs rollout.temperature 1 (or 0): "
                               f"the rollout engine's log-probs are at temperature 1 and the trainer's at {t}")
+        if self.train.async_train and self.placement.colocate_all:
+            raise ConfigError("train.async_train needs the rollout on ranks of its own, so that generation runs "
+                              "while the actor trains: set placement.colocate_all to false")
         if self.launch.nproc != 1:
             raise ConfigError("launch.nproc does not apply to `train rl`: its rank count follows from the placement "
                               "(placement.*_num_ranks and the colocate_* options)")

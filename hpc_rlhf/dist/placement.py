@@ -59,16 +59,20 @@ class PlacementPlan:
 
 
 def make_plan(sizes: dict[str, int], colocate_actor_ref: bool = False, colocate_critic_reward: bool = False,
-              colocate_all: bool = False) -> PlacementPlan:
+              colocate_all: bool = False, colocate_actor_reward: bool = False) -> PlacementPlan:
     """Build the plan from per-role rank counts (0 or absent: the role is not used).
 
     ``colocate_all`` puts every used role on the actor's ranks; ``colocate_actor_ref`` puts the
-    reference on the actor's ranks; ``colocate_critic_reward`` puts the reward model on the
-    critic's ranks.  Colocated roles run on the ranks of the role they join.
+    reference on the actor's ranks; ``colocate_actor_reward`` the reward role (a reward function
+    needs no rank of its own); ``colocate_critic_reward`` puts the reward model on the critic's
+    ranks.  Colocated roles run on the ranks of the role they join.
     """
     used = [r for r in ROLES if sizes.get(r, 0) > 0]
     if "actor" not in used:
         raise ValueError("the placement needs at least one actor rank")
+    if colocate_actor_reward and colocate_critic_reward and "critic" in used:
+        raise ValueError("the reward role joins either the actor's ranks or the critic's: set only one of "
+                         "colocate_actor_reward and colocate_critic_reward")
     if colocate_all:
         groups = [tuple(used)]
     else:
@@ -80,6 +84,8 @@ def make_plan(sizes: dict[str, int], colocate_actor_ref: bool = False, colocate_
             group = [role]
             if role == "actor" and colocate_actor_ref and "reference" in used:
                 group.append("reference")
+            if role == "actor" and colocate_actor_reward and "reward" in used:
+                group.append("reward")
             if role == "critic" and colocate_critic_reward and "reward" in used:
                 group.append("reward")
             taken.update(group)

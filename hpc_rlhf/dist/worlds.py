@@ -20,6 +20,8 @@ class RoleContext:
     global_rank: int
     component: Component
     control: Bridge          # every rank: sample exchange and step-boundary agreement (gloo)
+    trainers: Bridge | None  # ranks with a role besides rollout (all of control when none is rollout-only):
+                             # the mid-step exchanges, which rollout-only ranks skip; None on those ranks
     weights: Bridge | None   # actor leader (index 0) + rollout ranks (1..N); None elsewhere or when colocated
     watchdog: Watchdog
     backend: str
@@ -67,6 +69,12 @@ def join(plan: PlacementPlan, backend: str = "auto", timeout_s: float = 1800.0,
     dist.init_process_group(backend, store=dist.PrefixStore(f"world/{comp.name}", store),
                             rank=de.rank - comp.first_rank, world_size=comp.size, timeout=timeout)
     control = Bridge("control", list(range(plan.world_size)), de.rank, store, timeout_s, "gloo")
+    trainers = [r for r in range(plan.world_size) if plan.roles_of(r) != ("rollout",)]
+    if len(trainers) == plan.world_size:
+        trainers_bridge = control
+    else:
+        trainers_bridge = (Bridge("trainers", trainers, de.rank, store, timeout_s, "gloo")
+                           if de.rank in trainers else None)
     weights = None
     actor, rollout = plan.ranks_of("actor"), plan.ranks_of("rollout")
     if rollout and plan.component_of(actor[0]) != plan.component_of(rollout[0]):
@@ -75,7 +83,7 @@ def join(plan: PlacementPlan, backend: str = "auto", timeout_s: float = 1800.0,
             weights = Bridge("weights", members, de.rank, store, timeout_s, backend)
     watchdog = Watchdog(de.master_addr, de.master_port, de.rank, de.world_size,
                         lambda r: describe_rank(plan, r), dead_after_s=dead_after_s, urgent=urgent).start()
-    return RoleContext(plan, de.rank, comp, control, weights, watchdog, backend)
+    return RoleContext(plan, de.rank, comp, control, trainers_bridge, weights, watchdog, backend)
 
 
 def leave(ctx: RoleContext) -> None:

@@ -76,12 +76,16 @@ def step_boundary(stop: StopRequest, done: int, total: int, save_steps: int, sav
 
 
 def stop_after_checkpoint(decision: int, step: int, leader: bool, barrier) -> None:
-    """Called on every rank once the checkpoint of ``step`` is committed; always raises RunStopped."""
-    requeue = decision == STOP_AND_REQUEUE
-    if requeue and leader:
+    """Called on every rank once the checkpoint of ``step`` is committed; always raises RunStopped.
+
+    The stop is logged here, before the requeue: ``scontrol requeue`` ends the job step (SIGTERM, then
+    SIGKILL after SLURM's KillWait), which can come before the ranks have unwound to the entry point."""
+    stopped = RunStopped(step, decision == STOP_AND_REQUEUE, leader)
+    log.warning("%s", stopped)
+    if stopped.requeue and leader:
         requeue_job()
     barrier()
-    raise RunStopped(step, requeue, leader)
+    raise stopped
 
 
 def requeue_job(job_id: str | None = None) -> bool:

@@ -17,6 +17,7 @@ class Experience:
     prompt_text: str
     response_text: str
     label: str | None
+    policy_step: int = 0              # RL steps of training behind the weights that generated it
     reward: float = float("nan")
     reward_valid: bool = True
     values: list[float] | None = None

@@ -8,6 +8,9 @@ one exchange over the control bridge, so the collectives line up without any RPC
   infer      reference log-probs, critic values, actor old log-probs      -> exchange
   advantages on the actor ranks (global statistics over the actor world)  -> exchange returns
   train      actor and critic, each in its own world, in parallel
+             (infer, advantages and train are not the business of rollout-only ranks: their exchanges
+             leave them out; with train.async_train those ranks generate the next step's samples
+             meanwhile, with the weights of this step, and hand them over at the next generate)
   sync       actor leader broadcasts the new weights to the rollout ranks
   commit     metrics and stop flags agreed; checkpoint of every role at the same step
 """
@@ -55,7 +58,8 @@ def plan_from_config(cfg: RLConfig) -> PlacementPlan:
     sizes = {"actor": p.actor_num_ranks, "rollout": p.rollout_num_ranks, "reward": p.reward_num_ranks,
              "critic": p.critic_num_ranks if est.needs_critic else 0,
              "reference": p.ref_num_ranks if cfg.algo.init_kl_coef > 0 else 0}
-    plan = make_plan(sizes, p.colocate_actor_ref, p.colocate_critic_reward, p.colocate_all)
+    plan = make_plan(sizes, p.colocate_actor_ref, p.colocate_critic_reward, p.colocate_all,
+                     p.colocate_actor_reward)
     for c in plan.components:
         if cfg.rollout.rollout_batch_size % c.size:
             raise ConfigError(f"rollout_batch_size={cfg.rollout.rollout_batch_size} prompts are dealt to the "
@@ -104,6 +108,9 @@ class RLRun:
         self.need_old_logprobs = not single_update or (cfg.algo.init_kl_coef > 0 and not self.use_kl_loss)
         self.reward_moments = RunningMoments()
         self._build_roles(opt_steps)
+        self.policy_step = 0  # RL steps of training behind the weights the rollout engine holds now
+        self.last_generate_s = 0.0
+        self._ahead: tuple[int, list[Experience]] | None = None  # async_train: (step, this rank's samples)
 
     def _build_roles(self, opt_steps: int) -> None:
         cfg, ctx, pad = self.cfg, self.ctx, self.tokenizer.pad_token_id
@@ -134,28 +141,62 @@ class RLRun:
     def _exchange(self, mine):
         return self.ctx.control.all_gather_object(mine)
 
+    def _exchange_trainers(self, mine):
+        """Among the ranks with a role besides rollout (rollout-only ranks are elsewhere: [] there)."""
+        return self.ctx.trainers.all_gather_object(mine) if self.ctx.trainers is not None else []
+
     def _role_shard(self, role: str, items: list[Experience]) -> list[Experience]:
         return shard_groups(items, len(self.ctx.plan.ranks_of(role)), self.ctx.role_rank(role))
 
-    def _generate(self, prompts: list[tuple[int, Prompt]], step: int, salt: int, greedy: bool = False
-                  ) -> list[Experience]:
+    def _rollout_shard_id(self) -> list[int]:
+        """This rollout rank's index and the rollout rank count: it generates prompts[index::count]."""
+        return [self.ctx.role_rank("rollout"), len(self.ctx.plan.ranks_of("rollout"))]
+
+    def _own_samples(self, prompts: list[tuple[int, Prompt]], step: int, salt: int, greedy: bool) -> list[Experience]:
+        """On a rollout rank: the samples of its share of ``prompts``, with the weights it holds now."""
+        k, n_ranks = self._rollout_shard_id()
+        n = 1 if greedy else self.cfg.rollout.n_samples_per_prompt
+        params = dataclasses.replace(self.rollout.params, temperature=0.0) if greedy else None
+        t0 = time.time()
+        out = self.rollout.generate(prompts[k::n_ranks], step, n, params=params, salt=salt)
+        self.last_generate_s = time.time() - t0
+        for s in out:
+            s.policy_step = self.policy_step
+        return out
+
+    def _generate(self, prompts: list[tuple[int, Prompt]], step: int, salt: int, greedy: bool = False,
+                  ready: list[Experience] | None = None) -> list[Experience]:
+        """Every rank: the samples of ``prompts`` from all rollout ranks (``ready``: this rank's, made ahead)."""
         mine = []
         if self.rollout is not None:
-            k = self.ctx.role_rank("rollout")
-            n_ranks = len(self.ctx.plan.ranks_of("rollout"))
-            n = 1 if greedy else self.cfg.rollout.n_samples_per_prompt
-            params = dataclasses.replace(self.rollout.params, temperature=0.0) if greedy else None
-            mine = self.rollout.generate(prompts[k::n_ranks], step, n, params=params, salt=salt)
+            mine = ready if ready is not None else self._own_samples(prompts, step, salt, greedy)
         samples = [s for part in self._exchange(mine) for s in part]
         return sorted(samples, key=lambda s: (s.prompt_index, s.sample_index))
 
+    # ---- async_train: the next step's samples, generated while this step trains ----------------------
+    def _generate_ahead(self, step: int) -> None:
+        """Rollout-only ranks: step ``step``'s samples (round 0), with the weights held now."""
+        if self.cfg.train.async_train and self.ctx.trainers is None and step < self.total_steps:
+            self._ahead = (step, self._own_samples(self._step_prompts(step, 0, 0), step, 0, False))
+
+    def _take_ahead(self, step: int) -> list[Experience] | None:
+        if self._ahead is None or self._ahead[0] != step:
+            return None
+        samples, self._ahead = self._ahead[1], None
+        return samples
+
     def _score(self, samples: list[Experience]) -> dict[str, float]:
+        """Rewards onto the samples.  Rollout-only ranks take part only under dynamic filtering (they pick
+        the replacement prompts); otherwise they get no scores and go on generating."""
         mine, extra = {}, {}
         if self.reward is not None:
             shard = self._role_shard("reward", samples)
             rewards, valid, extra = self.reward.score(shard)
             mine = {(s.prompt_index, s.sample_index): (r, v) for s, r, v in zip(shard, rewards, valid)}
-        gathered = self._exchange((mine, extra))
+        exchange = self._exchange if self.cfg.rollout.dynamic_filtering else self._exchange_trainers
+        gathered = exchange((mine, extra))
+        if not gathered:
+            return {}
         scores = {k: v for part, _ in gathered for k, v in part.items()}
         for s in samples:
             s.reward, s.reward_valid = scores[(s.prompt_index, s.sample_index)]
@@ -195,7 +236,8 @@ class RLRun:
         rounds = r.dynamic_filtering_max_rounds if r.dynamic_filtering else 1
         for round_ in range(rounds):
             need = B - len(kept) // n
-            samples = self._generate(self._step_prompts(step, round_, need), step, salt=round_)
+            samples = self._generate(self._step_prompts(step, round_, need), step, salt=round_,
+                                     ready=self._take_ahead(step) if round_ == 0 else None)
             for k, v in self._score(samples).items():
                 metrics[k] = metrics.get(k, 0.0) + v
             if not r.dynamic_filtering:
@@ -222,7 +264,7 @@ class RLRun:
                 shard = self._role_shard(role, samples)
                 mine[key] = {(s.prompt_index, s.sample_index): v for s, v in zip(shard, fn(shard))}
         merged: dict[str, dict] = {"ref": {}, "values": {}, "old": {}}
-        for part in self._exchange(mine):
+        for part in self._exchange_trainers(mine):
             for key in merged:
                 merged[key].update(part[key])
         for s in samples:
@@ -262,7 +304,7 @@ class RLRun:
                                            dtype=torch.float64))
             metrics = {"kl": stats[0].item() / max(stats[1].item(), 1), "advantages/mean": stats[2].item() / max(stats[1].item(), 1)}
         returns = {}
-        for part in self._exchange(mine):
+        for part in self._exchange_trainers(mine):
             returns.update(part)
         for s in samples:
             s.returns = returns.get((s.prompt_index, s.sample_index))
@@ -316,6 +358,7 @@ class RLRun:
         cfg = self.cfg
         start = self._maybe_resume()
         self.sync_weights()
+        self.policy_step = start
         metrics_log = MetricsLogger(cfg.ckpt.save_path, self.is_main, cfg.log.use_tensorboard, start)
         progress = Progress(self.total_steps, start, self.is_main, cfg.log.progress_bar, desc="rl")
         last: dict[str, float] = {}
@@ -339,26 +382,35 @@ class RLRun:
                     {"hpc_rlhf_config.yaml": dump_yaml(cfg)})
         return last
 
-    def train_step(self, step: int) -> dict[str, float]:
-        t0 = time.time()
-        samples, metrics = self._collect(step)
-        t_gen = time.time() - t0
+    def _learn(self, samples: list[Experience], step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Ranks with a role besides rollout: infer, advantages, train.  Returns the roles' metrics."""
         if self.rollout is not None and self.actor is not None:
             self.rollout.engine.sleep()  # colocated: the actor trains while the engine sleeps; the sync wakes it
-        raw = [s.reward for s in samples if s.reward_valid]
         self._normalise_rewards(samples)
         t1 = time.time()
         self._infer(samples)
         metrics.update(self._advantages(samples))
-        t_infer = time.time() - t1
+        t2 = time.time()
         role_metrics: dict[str, float] = {}
         if self.actor is not None and step >= self.cfg.train.freezing_actor_steps:
             role_metrics.update(self.actor.train(self._role_shard("actor", samples), step, self.kl_ctl.value,
                                                  self.use_kl_loss, self.agg_mode))
         if self.critic is not None:
             role_metrics.update(self.critic.train(self._role_shard("critic", samples), step))
-        t_train = time.time() - t1 - t_infer
+        metrics.update({"time/infer_advantages_s": t2 - t1, "time/train_s": time.time() - t2})
+        return role_metrics
+
+    def train_step(self, step: int) -> dict[str, float]:
+        t0 = time.time()
+        samples, metrics = self._collect(step)
+        self._generate_ahead(step + 1)
+        metrics["time/generate_score_s"] = time.time() - t0
+        raw = [s.reward for s in samples if s.reward_valid]
+        role_metrics = self._learn(samples, step, metrics) if self.ctx.trainers is not None else {}
         checksum = self.sync_weights()
+        self.policy_step = step + 1
+        if self.rollout is not None and self.ctx.role_rank("rollout") == 0:
+            role_metrics["time/rollout_generate_s"] = self.last_generate_s
         if self.cfg.log.check_weight_sync:
             if self.actor is not None and self.ctx.role_rank("actor") == 0:
                 role_metrics["sync/checksum_sent"] = checksum
@@ -377,9 +429,8 @@ class RLRun:
             "reward/invalid": float(sum(not s.reward_valid for s in samples)),
             "response_length/mean": sum(lengths) / len(lengths),
             "response_length/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
-            "kl_coef": self.kl_ctl.value, "time/generate_score_s": t_gen, "time/infer_advantages_s": t_infer,
-            "time/train_s": t_train,
-            "time/weight_sync_s": self.last_sync_s, "time/step_s": time.time() - t0,
+            "rollout/policy_lag": sum(step - s.policy_step for s in samples) / len(samples),
+            "kl_coef": self.kl_ctl.value, "time/weight_sync_s": self.last_sync_s, "time/step_s": time.time() - t0,
         })
         return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
 
@@ -387,8 +438,13 @@ class RLRun:
         return {"step": step, "kl_ctl": self.kl_ctl.state_dict(), "reward_moments": self.reward_moments.state_dict()}
 
     def save(self, step: int) -> None:
+        ahead = None
+        if self._ahead is not None:  # async_train: samples made for a later step belong to the checkpoint
+            ahead = {"ahead_step": self._ahead[0], "ahead_samples": self._ahead[1],
+                     "ahead_shard": self._rollout_shard_id()}
         save_checkpoint(self.engines(), self.cfg.ckpt.ckpt_path, step, self._trainer_state(step),
-                        self.cfg.ckpt.max_ckpt_num, rank=self.ctx.global_rank, barrier=self.ctx.control.barrier)
+                        self.cfg.ckpt.max_ckpt_num, rank=self.ctx.global_rank, barrier=self.ctx.control.barrier,
+                        rank_state=ahead)
 
     def _maybe_resume(self) -> int:
         state = resume(self.engines(), self.cfg.ckpt, self.is_main, rank=self.ctx.global_rank)
@@ -396,6 +452,10 @@ class RLRun:
             return 0
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         self.reward_moments.load_state_dict(state["reward_moments"])
+        ahead = state.get("rank_state")
+        # samples made ahead are this rank's share of the prompts: with another rollout layout, generate afresh
+        if ahead is not None and self.cfg.train.async_train and ahead["ahead_shard"] == self._rollout_shard_id():
+            self._ahead = (ahead["ahead_step"], ahead["ahead_samples"])
         return state["step"]
 
 
