@@ -110,8 +110,8 @@ def sync_receiver(folder: str, kind: str, port: int, name: str, repeats: int, ti
     import torch
     import torch.distributed as dist
 
-    from hpc_rlhf.dist.bridge import Bridge
-    from hpc_rlhf.dist.weight_sync import receive_weights
+    from hpc_rlhf.distributed.collectives import Bridge
+    from hpc_rlhf.distributed.weight_sync import receive_weights
 
     t0 = time.perf_counter()
     engine = make_engine(kind, Path(folder), max_model_len=64, max_seqs=8)
@@ -142,8 +142,8 @@ def weight_sync(args, root: Path, store) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hpc_rlhf.dist.bridge import Bridge
-    from hpc_rlhf.dist.weight_sync import actor_buckets, full_items, send_weights
+    from hpc_rlhf.distributed.collectives import Bridge
+    from hpc_rlhf.distributed.weight_sync import actor_buckets, full_items, send_weights
     from hpc_rlhf.engines.hf_engine import HFEngine
     from hpc_rlhf.engines.rollout import tensor_checksum
 

@@ -26,7 +26,7 @@ def _one_step(jobs: dict[str, tuple[str, str, str, list[str]]]) -> dict:
     """name -> (trainer, model, data, overrides): the first step's gradients and metrics of each job."""
     from hpc_rlhf.config import load_config
     from hpc_rlhf.config import preference as configs
-    from hpc_rlhf.dist.env import read_env
+    from hpc_rlhf.distributed.env import read_env
     from hpc_rlhf.engines.deepspeed_strategy import build_engine
     from hpc_rlhf.models.loading import load_tokenizer
     from hpc_rlhf.trainers.objectives import PREFERENCE_OBJECTIVES

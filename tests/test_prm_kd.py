@@ -190,7 +190,7 @@ def _kd_step(jobs: dict[str, list[str]]) -> dict:
     """name -> overrides: the first step's gradients and metrics (and one eval item's metrics)."""
     from hpc_rlhf.config import load_config
     from hpc_rlhf.config.preference import KDConfig
-    from hpc_rlhf.dist.env import read_env
+    from hpc_rlhf.distributed.env import read_env
     from hpc_rlhf.engines.deepspeed_strategy import build_engine
     from hpc_rlhf.models.loading import load_tokenizer
     from hpc_rlhf.trainers.objectives import PREFERENCE_OBJECTIVES

@@ -1,6 +1,6 @@
 import pytest
 
-from hpc_rlhf.dist.placement import make_plan
+from hpc_rlhf.distributed.placement import make_plan
 
 SIZES = {"actor": 2, "reference": 2, "critic": 1, "reward": 1, "rollout": 3}
 

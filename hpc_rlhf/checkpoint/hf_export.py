@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from ..distributed.collectives import barrier
+
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
@@ -46,6 +48,5 @@ def save_hf(engine, tokenizer, out_dir: str | Path, extra_files: dict[str, str] 
         for p in tmp.iterdir():
             p.rename(out / p.name)
         tmp.rmdir()
-    if dist.is_initialized():
-        dist.barrier()
+    barrier()
     return out

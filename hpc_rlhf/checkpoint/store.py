@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from ..distributed.collectives import barrier
 from .rng import rng_state, set_rng_state
 
 COMMITTED = "COMMITTED"
@@ -48,8 +49,7 @@ def latest_checkpoint(ckpt_path: str | Path) -> Path | None:
 
 
 def _default_barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
+    barrier()
 
 
 def _default_rank() -> int:

@@ -15,7 +15,7 @@ def _launch_or_run(command: str, config_cls: str, run: str, args: argparse.Names
     if cfg.launch.nproc > 1 and not already_launched():
         return launch_local([command, *(["--config", args.config] if args.config else []), *rest], cfg.launch.nproc)
     stats = _import(run)(cfg)
-    from ..dist.env import read_env
+    from ..distributed.env import read_env
     if read_env().is_main:
         print(json.dumps(stats))
     return 0
@@ -34,7 +34,7 @@ def cmd_score(args, rest):
 def cmd_iterative_dpo(args, rest):
     from ..config import load_config
     from ..config.pipelines import IterativeDPOConfig
-    from ..dist.env import read_env
+    from ..distributed.env import read_env
     from .iterative_dpo import StageFailed, run_iterative_dpo
     cfg = load_config(IterativeDPOConfig, args.config, rest)
     if read_env().world_size > 1:

@@ -5,9 +5,9 @@ import json
 import os
 from pathlib import Path
 
-import torch.distributed as dist
 
-from ..dist.env import DistEnv, device_for, init_distributed, read_env
+from ..distributed.collectives import barrier
+from ..distributed.env import DistEnv, device_for, init_distributed, read_env
 
 # A rank that finishes its shard early waits for the others at the merge barrier: generous on purpose.
 BARRIER_TIMEOUT_S = 24 * 3600
@@ -81,7 +81,7 @@ class PartWriter:
     def finish(self) -> None:
         self._f.close()
         if self.de.world_size > 1:
-            dist.barrier()  # every part is complete (on a filesystem all ranks share)
+            barrier()  # every part is complete (on a filesystem all ranks share)
         if self.de.rank == 0:
             tmp = self.output.with_name(self.output.name + ".tmp")
             with tmp.open("w") as out:
@@ -93,5 +93,4 @@ class PartWriter:
             os.replace(tmp, self.output)
             for r in range(self.de.world_size):
                 part_path(self.output, r, self.de.world_size).unlink()
-        if self.de.world_size > 1:
-            dist.barrier()
+        barrier()

@@ -69,7 +69,7 @@ def sampling_params(s: GenSamplingConfig, stop_ids: list[int]) -> SamplingParams
 
 
 def run_generate(cfg: GenerateConfig) -> dict:
-    from ..dist.env import shutdown
+    from ..distributed.env import shutdown
     from ..models.loading import load_tokenizer, resolve_pretrained
     from ..roles.rollout import stop_token_ids
     from .common import shard_bounds

@@ -29,7 +29,7 @@ def make_scorer(cfg: RewardModelConfig, dev):
 
 def run_score(cfg: ScoreConfig) -> dict:
     from ..data.rows import DataError
-    from ..dist.env import shutdown
+    from ..distributed.env import shutdown
     from ..models.loading import load_tokenizer, resolve_pretrained
 
     de = join(cfg.launch.backend)

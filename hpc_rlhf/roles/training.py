@@ -5,17 +5,10 @@ import random
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from ..algorithms.aggregation import StepNorm
+from ..distributed.collectives import sum_over_ranks
 from .experience import Experience, RLBatch, collate, unpadded
-
-
-def world_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum over the role's own world (the default group of this process)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t
 
 
 def chunks(items: list, size: int) -> list[list]:
@@ -56,7 +49,7 @@ def run_optimizer_step(engine, micro_batches: list[tuple[list[Experience], RLBat
     Returns the step loss (the same on every rank of the role) and token-weighted means of the
     loss function's metrics over this rank's tokens.
     """
-    norm = StepNorm.from_masks([b.mask for _, b in micro_batches], world_size, world_sum, constant)
+    norm = StepNorm.from_masks([b.mask for _, b in micro_batches], world_size, sum_over_ranks, constant)
     loss_share, weighted, tokens = 0.0, {}, 0.0
     for samples, batch in micro_batches:
         loss, metrics = micro_loss(samples, batch, norm)
@@ -68,7 +61,7 @@ def run_optimizer_step(engine, micro_batches: list[tuple[list[Experience], RLBat
             weighted[k] = weighted.get(k, 0.0) + float(v) * n
     engine.step()
     out = {k: v / max(tokens, 1.0) for k, v in weighted.items()}
-    out["loss"] = float(world_sum(torch.tensor([loss_share], dtype=torch.float64))[0]) / world_size
+    out["loss"] = float(sum_over_ranks(torch.tensor([loss_share], dtype=torch.float64))[0]) / world_size
     grad_norm = engine.get_global_grad_norm()
     out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
     return out

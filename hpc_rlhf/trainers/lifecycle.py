@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from ..checkpoint.store import latest_checkpoint, load_checkpoint
-from ..dist.env import init_distributed, shutdown
+from ..distributed.env import init_distributed, shutdown
 from ..engines.deepspeed_strategy import configure_deepspeed_env
 from ..launch.preemption import StopRequest
 from ..launch.slurm_env import restart_count

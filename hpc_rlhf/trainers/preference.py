@@ -14,13 +14,13 @@ import math
 import time
 
 import torch
-import torch.distributed as dist
 
 from ..checkpoint.rng import seed_everything
 from ..checkpoint.store import save_checkpoint
 from ..config import dump_yaml
 from ..data.batching import EpochSampler
-from ..dist.env import DistEnv, device_for
+from ..distributed.collectives import barrier
+from ..distributed.env import DistEnv, device_for
 from ..engines.deepspeed_strategy import build_engine
 from ..launch.preemption import StopRequest, step_boundary
 from ..logging.metrics import MetricsLogger
@@ -128,7 +128,7 @@ def _run(cfg, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         step_boundary(stop, done, total_steps, cfg.ckpt.save_steps,
                       lambda n: save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n},
                                                 cfg.ckpt.max_ckpt_num),
-                      max_over_ranks, de.is_main, dist.barrier, lambda: (progress.close(), metrics_log.close()))
+                      max_over_ranks, de.is_main, barrier, lambda: (progress.close(), metrics_log.close()))
     progress.close()
     if eval_set and "eval_loss" not in metrics:
         final = evaluate(engine, unit, eval_set, de)

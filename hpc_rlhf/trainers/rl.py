@@ -22,7 +22,6 @@ import math
 import time
 
 import torch
-import torch.distributed as dist
 
 from ..algorithms.advantages import make_advantage_estimator
 from ..algorithms.kl import compute_kl, kl_penalty_rewards, make_kl_controller
@@ -34,10 +33,11 @@ from ..config import ConfigError, dump_yaml
 from ..config.rl import RLConfig
 from ..data.batching import EpochSampler
 from ..data.prompts import Prompt, load_prompts
-from ..dist.env import device_for, read_env
-from ..dist.placement import PlacementPlan, make_plan
-from ..dist.weight_sync import actor_buckets, full_items, lora_items, receive_weights, send_weights, unpack
-from ..dist.worlds import RoleContext, join, leave
+from ..distributed.collectives import sum_over_ranks
+from ..distributed.env import device_for, read_env
+from ..distributed.placement import PlacementPlan, make_plan
+from ..distributed.weight_sync import actor_buckets, full_items, lora_items, receive_weights, send_weights, unpack
+from ..distributed.worlds import RoleContext, join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
 from ..engines.rollout import combine_checksums, tensor_part_checksum
 from ..launch.preemption import RunStopped, StopRequest, step_boundary
@@ -47,7 +47,6 @@ from .lifecycle import resume
 from ..models.loading import load_tokenizer, resolve_pretrained
 from ..rewards.shaping import RunningMoments, normalize_rewards
 from ..roles.experience import Experience, padded, shard_groups, unpadded
-from ..roles.training import world_sum
 
 log = logging.getLogger("hpc_rlhf.rl")
 
@@ -135,9 +134,6 @@ class RLRun:
         return {name: role.engine for name, role in (("actor", self.actor), ("critic", self.critic)) if role}
 
     # ---- phases -------------------------------------------------------------------------------
-    def _max_over_ranks(self, value: int) -> int:
-        return int(self.ctx.control.all_reduce(torch.tensor([value]), dist.ReduceOp.MAX)[0])
-
     def _exchange(self, mine):
         return self.ctx.control.all_gather_object(mine)
 
@@ -295,12 +291,12 @@ class RLRun:
             group_ids = torch.tensor([s.prompt_index for s in shard])
             adv, ret = self.estimator.compute(rewards, token_rewards, mask, values=values, group_ids=group_ids,
                                               gamma=self.cfg.algo.gamma, lambd=self.cfg.algo.lambd,
-                                              all_reduce=world_sum)
+                                              all_reduce=sum_over_ranks)
             for s, a in zip(shard, unpadded(adv, shard)):
                 s.advantages = a
             if ret is not None:
                 mine = {(s.prompt_index, s.sample_index): v for s, v in zip(shard, unpadded(ret, shard))}
-            stats = world_sum(torch.tensor([float((kl * mask).sum()), float(mask.sum()), float((adv * mask).sum())],
+            stats = sum_over_ranks(torch.tensor([float((kl * mask).sum()), float(mask.sum()), float((adv * mask).sum())],
                                            dtype=torch.float64))
             metrics = {"kl": stats[0].item() / max(stats[1].item(), 1), "advantages/mean": stats[2].item() / max(stats[1].item(), 1)}
         returns = {}
@@ -372,7 +368,7 @@ class RLRun:
                 metrics_log.log(done, last)
             progress.update(done, {"loss": last.get("actor/loss", float("nan")), "lr": last.get("actor/lr", 0.0)},
                             done % cfg.log.logging_steps == 0)
-            step_boundary(self.stop, done, self.total_steps, cfg.ckpt.save_steps, self.save, self._max_over_ranks,
+            step_boundary(self.stop, done, self.total_steps, cfg.ckpt.save_steps, self.save, self.ctx.control.max,
                           self.ctx.global_rank == 0, self.ctx.control.barrier,
                           lambda: (progress.close(), metrics_log.close()))
         progress.close()

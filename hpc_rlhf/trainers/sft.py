@@ -6,7 +6,6 @@ import math
 import time
 
 import torch
-import torch.distributed as dist
 
 from ..algorithms.sft_loss import step_token_mean, token_nll_sum
 from ..checkpoint.hf_export import save_hf
@@ -16,7 +15,8 @@ from ..config import SFTConfig, dump_yaml
 from ..data.batching import EpochSampler, split_micro_batches
 from ..data.packing import Batch, collate_packed, collate_padded, packed_attention_mask
 from ..data.sft import Sample, load_sft_data
-from ..dist.env import DistEnv, device_for
+from ..distributed.collectives import MAX, barrier, sum_values
+from ..distributed.env import DistEnv, device_for
 from ..engines.deepspeed_strategy import build_engine
 from ..launch.preemption import StopRequest, step_boundary
 from ..logging.metrics import MetricsLogger
@@ -25,13 +25,6 @@ from ..models.loading import check_packing, load_causal_lm, load_tokenizer, reso
 from .lifecycle import resume, run_in_world
 
 log = logging.getLogger("hpc_rlhf.sft")
-
-
-def _all_reduce(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=op)
-    return t.tolist()
 
 
 class BatchMaker:
@@ -47,7 +40,7 @@ class BatchMaker:
     def groups(self, samples: list[Sample]) -> list[list[Sample]]:
         """Micro-batch groups; every rank ends up with the same count (collectives run per backward)."""
         groups = split_micro_batches(samples, self.micro_bs, self.budget)
-        (most,) = _all_reduce([len(groups)], dist.ReduceOp.MAX)
+        (most,) = sum_values([len(groups)], MAX)
         if len(groups) < most:
             groups = split_micro_batches(samples, self.micro_bs, self.budget, min_count=int(most))
         return groups
@@ -72,14 +65,14 @@ def train_step(engine, maker: BatchMaker, samples: list[Sample], world_size: int
     groups = maker.groups(samples)
     batches = [maker.collate(g) for g in groups]
     local_tokens = sum(b.num_loss_tokens for b in batches)
-    (step_tokens,) = _all_reduce([local_tokens])
+    (step_tokens,) = sum_values([local_tokens])
     nll_total = 0.0
     for batch in batches:
         nll_sum, _ = forward_nll(engine, batch)
         engine.backward(step_token_mean(nll_sum, int(step_tokens), world_size), scale_wrt_gas=False)
         nll_total += float(nll_sum.detach())
     engine.step()
-    (nll_all,) = _all_reduce([nll_total])
+    (nll_all,) = sum_values([nll_total])
     grad_norm = engine.get_global_grad_norm()
     return {"loss": nll_all / max(step_tokens, 1), "tokens": step_tokens, "micro_batches": len(batches),
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan")}
@@ -93,7 +86,7 @@ def evaluate(engine, maker: BatchMaker, samples: list[Sample], de: DistEnv) -> f
     groups = split_micro_batches(mine, maker.micro_bs, maker.budget) if mine else []
     # ZeRO-3 gathers parameters inside forward, so every rank runs the same number of forwards;
     # a rank with fewer groups repeats one whose result it discards.
-    (most,) = _all_reduce([len(groups)], dist.ReduceOp.MAX)
+    (most,) = sum_values([len(groups)], MAX)
     filler = groups[-1] if groups else samples[:1]
     nll, count = 0.0, 0
     for i in range(int(most)):
@@ -101,7 +94,7 @@ def evaluate(engine, maker: BatchMaker, samples: list[Sample], de: DistEnv) -> f
         if i < len(groups):
             nll, count = nll + float(s), count + n
     engine.train()
-    nll, count = _all_reduce([nll, count])
+    nll, count = sum_values([nll, count])
     return nll / count if count else float("nan")
 
 
@@ -164,7 +157,7 @@ def _run(cfg: SFTConfig, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         step_boundary(stop, done, total_steps, cfg.ckpt.save_steps,
                       lambda n: save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n},
                                                 cfg.ckpt.max_ckpt_num),
-                      lambda code: _all_reduce([code], dist.ReduceOp.MAX)[0], de.is_main, dist.barrier,
+                      lambda code: sum_values([code], MAX)[0], de.is_main, barrier,
                       lambda: (progress.close(), metrics_log.close()))
     progress.close()
     if eval_set and "eval_loss" not in metrics:

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-import torch.distributed as dist
 
 from ...algorithms.preference import sequence_logprobs
 from ...algorithms.registry import Registry
 from ...checkpoint.hf_export import save_hf
+from ...distributed.collectives import max_over_ranks, sum_over_ranks  # noqa: F401 (objectives import them here)
 from ...data.packing import Batch, collate_padded
 from ...models.loading import load_causal_lm
 
@@ -25,27 +25,6 @@ PREFERENCE_OBJECTIVES: Registry = Registry("preference objective")
 
 # ---------------------------------------------------------------------------------------------------
 # collectives and micro-batches
-
-
-def _reduce(t: torch.Tensor, op) -> torch.Tensor:
-    """In-place all-reduce over every rank (returned for chaining); a no-op in a single process.
-    NCCL reduces CUDA tensors only: a CPU tensor makes the round trip through the current GPU."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return t
-    if dist.get_backend() == "nccl" and not t.is_cuda:
-        on_gpu = t.cuda()
-        dist.all_reduce(on_gpu, op=op)
-        return t.copy_(on_gpu.cpu())
-    dist.all_reduce(t, op=op)
-    return t
-
-
-def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
-    return _reduce(t, dist.ReduceOp.SUM)
-
-
-def max_over_ranks(value: int) -> int:
-    return int(_reduce(torch.tensor([value], dtype=torch.int64), dist.ReduceOp.MAX).item())
 
 
 def chunks(items: Sequence, size: int) -> list[list]:

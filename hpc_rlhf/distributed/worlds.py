@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .bridge import Bridge
+from .collectives import Bridge
 from .env import device_for, pick_backend, read_env
 from .placement import Component, PlacementPlan
 from .watchdog import Watchdog

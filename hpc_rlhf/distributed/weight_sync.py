@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .bridge import Bridge
+from .collectives import Bridge
 
 
 @dataclass(frozen=True)

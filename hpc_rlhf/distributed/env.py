@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .collectives import barrier
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -67,7 +69,7 @@ def shutdown() -> None:
     """Barrier, then destroy: gloo aborts now and then if a rank leaves while peers still talk."""
     if dist.is_initialized():
         try:
-            dist.barrier()
+            barrier()
         finally:
             dist.destroy_process_group()
 
