@@ -270,3 +270,48 @@ def test_garbage_on_padding_does_not_leak():
                                                           group_ids=GIDS, gamma=0.9, lambd=0.8)
         assert torch.isfinite(adv).all() and (adv * pad).abs().sum() == 0, name
         assert ret is None or (torch.isfinite(ret).all() and (ret * pad).abs().sum() == 0), name
+
+
+# ------------------------------------------------------------------ tied rewards
+# 0.7, 1.3, 5.3 and 100.3 are not representable in binary: a float32 group mean of n copies lands one
+# ulp away from the copies, and dividing by a std just as small gave the whole group one same-sign
+# advantage (+0.316 for eight rewards of 5.3, -0.859 for sixteen of 100.3).  The right answer is 0.
+TIES = [(0.7, 8), (1.3, 8), (5.3, 8), (100.3, 16), (100.3, 7)]
+
+
+def test_group_stats_of_a_tied_group_are_exact():
+    for v, n in TIES:
+        mean, std = group_mean_std(torch.full((n,), v), torch.zeros(n, dtype=torch.long))
+        assert torch.equal(mean, torch.full((n,), v).double()) and std.abs().max() == 0, (v, n)
+
+
+def test_tied_group_gets_exactly_zero_advantage():
+    # the tied group (n copies of v, ids 0) next to the group {0, 1} (ids 1), one token each:
+    # group_norm: +-0.5 / sqrt(0.5) = +-0.70711; dr_grpo: +-0.5; rloo: +-1;
+    # reinforce_baseline: shaped [0]*n, -0.5, 0.5 -> mean 0, whitened: the tied group stays 0
+    other = {"group_norm": 0.5 / math.sqrt(0.5), "dr_grpo": 0.5, "rloo": 1.0,
+             "reinforce_baseline": None}
+    for v, n in TIES:
+        rewards = torch.cat([torch.full((n,), v), torch.tensor([0.0, 1.0])])
+        gids = torch.tensor([0] * n + [1, 1])
+        for name, want in other.items():
+            adv, _ = make_advantage_estimator(name).compute(rewards, None, torch.ones(n + 2, 1),
+                                                            group_ids=gids)
+            assert adv.dtype == torch.float32, name
+            assert adv[:n].abs().max().item() == 0.0, (name, v, n, adv[:n, 0].tolist())
+            if want is not None:
+                assert adv[n:, 0].tolist() == pytest.approx([-want, want], abs=1e-5), name
+
+
+def test_whitening_equal_values_gives_exactly_zero():
+    # global whitening of N equal values: (x - mean) must be exactly 0, not an ulp over sqrt(eps)
+    for v, n in TIES:
+        x = torch.full((n, 3), v)
+        w = masked_whiten(x, torch.ones(n, 3))
+        assert w.dtype == torch.float32 and w.abs().max().item() == 0.0, (v, n)
+        adv, _ = make_advantage_estimator("reinforce").compute(torch.full((n,), v), None,
+                                                               torch.ones(n, 3))
+        assert adv.abs().max().item() == 0.0, ("reinforce", v, n)
+        halves = thread_ranks([lambda ar: masked_whiten(x[:1], torch.ones(1, 3), ar),
+                               lambda ar: masked_whiten(x[1:], torch.ones(n - 1, 3), ar)])
+        assert all(h.abs().max().item() == 0.0 for h in halves), (v, n)

@@ -10,7 +10,10 @@ order, groups may differ in size).  Samples arriving in contiguous groups of n g
 ``contiguous_group_ids(B, n)``.  Group statistics are taken over the samples present in this call:
 every group must be complete on one rank (the rank that generated it keeps it), so group
 statistics need no communication.  Whitening, where an estimator uses it, is global: masked
-mean/variance over every valid token of every data-parallel rank, via ``all_reduce``.
+mean/variance over every valid token of every data-parallel rank, via ``all_reduce``.  Group and
+whitening statistics are taken in float64, and a group whose rewards are all equal gets exactly
+zero advantage (in float32 a group mean of eight rewards of 5.3 lands an ulp off them, and dividing
+by a std just as small gave the whole group an advantage of +0.32); the advantages are float32.
 
 Per-token reward.  Where an estimator works with token rewards it uses
     r_t = token_rewards_t + [t = last valid token] · (scalar reward of the sample)
@@ -53,28 +56,39 @@ def _group_index(group_ids: Tensor) -> tuple[Tensor, int]:
 
 
 def group_sum_count(x: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """For each sample: the sum of ``x`` [B] over its group and the group's size (both [B])."""
+    """For each sample: the sum of ``x`` [B] over its group and the group's size (both [B], float64)."""
     inv, n = _group_index(group_ids)
-    xf = x.float()
-    sums = torch.zeros(n, dtype=xf.dtype, device=x.device).index_add_(0, inv, xf)
-    counts = torch.bincount(inv, minlength=n).to(xf.dtype)
+    xd = x.double()
+    sums = torch.zeros(n, dtype=xd.dtype, device=x.device).index_add_(0, inv, xd)
+    counts = torch.bincount(inv, minlength=n).to(xd.dtype)
     return sums[inv], counts[inv]
 
 
+def group_tied(x: Tensor, group_ids: Tensor) -> Tensor:
+    """[B] bool: True for every sample of a group whose values of ``x`` [B] are all exactly equal."""
+    inv, n = _group_index(group_ids)
+    lo = x.new_zeros(n).scatter_reduce(0, inv, x, "amin", include_self=False)
+    hi = x.new_zeros(n).scatter_reduce(0, inv, x, "amax", include_self=False)
+    return (lo == hi)[inv]
+
+
+def group_centered(x: Tensor, group_ids: Tensor) -> Tensor:
+    """x − mean_g(x) [B] in float64, exactly 0 for every sample of a group of equal values (a
+    float32 mean of n copies of 0.7 lands an ulp away from them)."""
+    s, c = group_sum_count(x, group_ids)
+    return torch.where(group_tied(x, group_ids), 0.0, x.double() - s / c)
+
+
 def group_mean_std(x: Tensor, group_ids: Tensor, unbiased: bool = True) -> tuple[Tensor, Tensor]:
-    """Per-sample group mean and group standard deviation of ``x`` [B] (both [B]).
+    """Per-sample group mean and group standard deviation of ``x`` [B] (both [B], float64).
 
     ``unbiased=True``: sample std sqrt(Σ (x − mean)² / (n − 1)); a group of one sample has std 0.
-    ``unbiased=False``: population std sqrt(Σ (x − mean)² / n).
+    ``unbiased=False``: population std sqrt(Σ (x − mean)² / n).  A group of equal values has std 0.
     """
-    inv, n = _group_index(group_ids)
-    xf = x.float()
-    s, c = group_sum_count(xf, group_ids)
-    mean = s / c
-    sq = torch.zeros(n, dtype=xf.dtype, device=x.device).index_add_(0, inv, (xf - mean) ** 2)[inv]
+    s, c = group_sum_count(x, group_ids)
+    sq, _ = group_sum_count(group_centered(x, group_ids) ** 2, group_ids)
     denom = (c - 1.0).clamp(min=1.0) if unbiased else c
-    std = torch.sqrt(sq / denom)
-    return mean, std
+    return s / c, torch.sqrt(sq / denom)
 
 
 def _zero_pad(x: Tensor, mask: Tensor) -> Tensor:
@@ -248,8 +262,7 @@ class ReinforceBaseline(Reinforce):
                 lambd=1.0, all_reduce=None):
         _check(rewards, token_rewards, mask)
         gid = _need_groups(self.name, group_ids, rewards)
-        s, c = group_sum_count(rewards, gid)
-        shaped = rewards.float() - s / c
+        shaped = group_centered(rewards.float(), gid).float()
         return self._returns(shaped, token_rewards, mask, gamma, all_reduce)
 
 
@@ -269,9 +282,9 @@ class RLOO(Reinforce):
         _check(rewards, token_rewards, mask)
         gid = _need_groups(self.name, group_ids, rewards)
         r = rewards.float()
-        s, c = group_sum_count(r, gid)
-        baseline = torch.where(c > 1, (s - r) / (c - 1.0).clamp(min=1.0), r)
-        return self._returns(r - baseline, token_rewards, mask, gamma, all_reduce)
+        _, c = group_sum_count(r, gid)
+        shaped = group_centered(r, gid) * c / (c - 1.0).clamp(min=1.0)   # a lone sample: 0
+        return self._returns(shaped.float(), token_rewards, mask, gamma, all_reduce)
 
 
 def _sequence_reward(rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor) -> Tensor:
@@ -303,9 +316,9 @@ class GroupNorm(AdvantageEstimator):
         _check(rewards, token_rewards, mask)
         gid = _need_groups(self.name, group_ids, rewards)
         R = _sequence_reward(rewards, token_rewards, mask)
-        mean, std = group_mean_std(R, gid, unbiased=True)
-        a = (R - mean) / (std + self.eps)
-        return a[:, None] * mask.float(), None
+        _, std = group_mean_std(R, gid, unbiased=True)
+        a = group_centered(R, gid) / (std + self.eps)
+        return a.float()[:, None] * mask.float(), None
 
 
 @ADVANTAGE_ESTIMATORS.register("dr_grpo")
@@ -326,8 +339,7 @@ class DrGRPO(AdvantageEstimator):
         _check(rewards, token_rewards, mask)
         gid = _need_groups(self.name, group_ids, rewards)
         R = _sequence_reward(rewards, token_rewards, mask)
-        s, c = group_sum_count(R, gid)
-        return (R - s / c)[:, None] * mask.float(), None
+        return group_centered(R, gid).float()[:, None] * mask.float(), None
 
 
 def make_advantage_estimator(name: str, **kwargs) -> AdvantageEstimator:

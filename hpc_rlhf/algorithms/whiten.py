@@ -13,8 +13,8 @@ import torch
 AllReduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
 
 
-def _valid(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    xf = x.float()
+def _valid(x: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    xf = x.to(dtype)
     return torch.where(mask.bool(), xf, torch.zeros_like(xf))
 
 
@@ -36,15 +36,19 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, all_reduce: AllReduce = Non
 
 def masked_mean_var(x: torch.Tensor, mask: torch.Tensor,
                     all_reduce: AllReduce = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Global masked mean μ = Σ x m / N and POPULATION variance σ² = Σ (x − μ)² m / N.
+    """Global masked mean μ = Σ x m / N and POPULATION variance σ² = Σ (x − μ)² m / N (float64).
 
     N = Σ m over all ranks.  Two reductions (sum/count, then the centred sum of squares) keep it
-    numerically stable for large means.  N = 0 gives μ = σ² = 0.
+    numerically stable for large means.  N = 0 gives μ = σ² = 0.  ``x`` is rounded to float32 and
+    the statistics are taken in float64, where the sum of up to 2^29 float32 values that are all
+    equal is exact: N equal values get μ equal to each of them and σ² = 0 (in float32 the mean of
+    N copies of 0.7 lands an ulp away, which whitening would blow up by 1/sqrt(eps)).
     """
-    m = mask.float()
-    xf = _valid(x, mask)
-    mean = masked_mean(xf, m, all_reduce)
-    s = _sum(torch.stack([((xf - mean) ** 2 * m).sum(), m.sum()]), all_reduce)
+    m = mask.double()
+    xd = _valid(x.float(), mask, torch.float64)
+    s = _sum(torch.stack([xd.sum(), m.sum()]), all_reduce)
+    mean = s[0] / s[1].clamp(min=1.0)
+    s = _sum(torch.stack([((xd - mean) ** 2 * m).sum(), m.sum()]), all_reduce)
     var = s[0] / s[1].clamp(min=1.0)
     return mean, var
 
@@ -54,11 +58,11 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, all_reduce: AllReduce = N
     """(x − μ) / sqrt(σ² + eps) with the global masked μ, σ² of ``masked_mean_var``.
 
     ``shift_mean=False`` rescales without centring: μ + (x − μ)/sqrt(σ² + eps).  Invalid positions
-    (mask 0) are 0 in the result.  Computed in float32.
+    (mask 0) are 0 in the result.  Statistics in float64, the result in float32.
     """
-    xf = _valid(x, mask)
-    mean, var = masked_mean_var(xf, mask, all_reduce)
-    out = (xf - mean) * torch.rsqrt(var + eps)
+    xd = _valid(x.float(), mask, torch.float64)
+    mean, var = masked_mean_var(x, mask, all_reduce)
+    out = (xd - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
-    return torch.where(mask.bool(), out, torch.zeros_like(out))
+    return torch.where(mask.bool(), out, torch.zeros_like(out)).float()
