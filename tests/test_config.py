@@ -89,3 +89,49 @@ def test_example_configs_parse():
     worlds = {f.stem: plan_from_config(load_config(RLConfig, f)).world_size for f in sorted(examples.glob("*.yaml"))
               if not f.stem.startswith("sft")}
     assert worlds == {"grpo": 1, "ppo": 5}
+
+
+RL_BASE = ["pretrain=m", "prompt_data=p.jsonl", "reward_func=r.py"]
+# every option that names a registered unit, with the registry it is checked against
+REGISTERED = {"algo.advantage_estimator": "ADVANTAGE_ESTIMATORS", "algo.policy_loss": "POLICY_LOSSES",
+              "algo.kl_estimator": "KL_ESTIMATORS", "algo.loss_agg_mode": "LOSS_AGGREGATIONS",
+              "algo.is_correction": "IS_CORRECTIONS"}
+
+
+@pytest.mark.parametrize("key", sorted(REGISTERED))
+def test_registered_unit_names_are_checked_at_parse_time(key):
+    # a misspelt unit stops the run at parse time (algo.loss_agg_mode=nonsense used to pass the parser
+    # and fail with a KeyError at the first backward), and the message lists the registry's names
+    import hpc_rlhf.algorithms as algorithms
+    from hpc_rlhf.config.rl import RLConfig
+    names = getattr(algorithms, REGISTERED[key]).names()
+    with pytest.raises(ConfigError) as e:
+        load_config(RLConfig, None, RL_BASE + [f"{key}=nonsense"])
+    assert f"{key}: 'nonsense' is not allowed; choose one of" in str(e.value)
+    assert all(repr(n) in str(e.value) for n in names), str(e.value)
+    for name in names:  # every registered name is accepted
+        assert getattr(load_config(RLConfig, None, RL_BASE + [f"{key}={name}"]).algo, key[5:]) == name
+
+
+def test_registered_unit_fields_read_their_registry():
+    # a unit registered after the config classes were defined is accepted: the names are not copied
+    from hpc_rlhf.algorithms import KL_ESTIMATORS
+    from hpc_rlhf.config.rl import RLConfig
+    with pytest.raises(ConfigError):
+        load_config(RLConfig, None, RL_BASE + ["kl_estimator=k9"])
+    KL_ESTIMATORS.register("k9")(lambda *a: None)
+    try:
+        assert load_config(RLConfig, None, RL_BASE + ["kl_estimator=k9"]).algo.kl_estimator == "k9"
+    finally:
+        KL_ESTIMATORS._items.pop("k9")
+    assert load_config(RLConfig, None, RL_BASE + ["is_correction=none", "loss_agg_mode=null"]).algo.loss_agg_mode is None
+
+
+def test_every_objective_section_names_a_registered_unit():
+    # no option names a preference objective: the command's config class does, through its objective section
+    from typing import get_type_hints
+
+    from hpc_rlhf.trainers.objectives import PREFERENCE_OBJECTIVES
+    units = {command: hints["objective"].unit for command, cls in reference.COMMANDS.items()
+             for hints in [get_type_hints(cls)] if "objective" in hints}
+    assert len(units) == 7 and all(unit in PREFERENCE_OBJECTIVES for unit in units.values()), units

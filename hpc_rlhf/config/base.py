@@ -21,15 +21,35 @@ class ConfigError(ValueError):
     """A config value or key is invalid; the message names the key and what is allowed."""
 
 
-def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | None = None,
+def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | None = None, registry: Any = None,
           default_factory: Any = dataclasses.MISSING):
-    """A dataclass field that carries its help text (used by the generated reference)."""
+    """A dataclass field that carries its help text (used by the generated reference).
+
+    ``choices`` are the values allowed; ``registry`` (a ``Registry`` of units) allows the names registered in
+    it, read when a config is parsed, next to the ``choices`` (e.g. ``"none"``).
+    """
     meta = {"help": help}
     if choices is not None:
         meta["choices"] = choices
+    if registry is not None:
+        meta["registry"] = registry
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def allowed_values(f: dataclasses.Field) -> tuple | None:
+    """The values a field takes beyond its type: its choices and its registry's names (None: any value)."""
+    choices, registry = f.metadata.get("choices"), f.metadata.get("registry")
+    if choices is None and registry is None:
+        return None
+    return tuple(choices or ()) + tuple(registry.names() if registry is not None else ())
+
+
+def _check_allowed(path: str, f: dataclasses.Field, value: Any) -> None:
+    allowed = allowed_values(f)
+    if allowed is not None and value is not None and value not in allowed:
+        raise ConfigError(f"{path}: {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
 
 
 def _is_config(tp: Any) -> bool:
@@ -176,10 +196,7 @@ def _build(cls: type, values: dict[str, Any], prefix: str = ""):
             kwargs[f.name] = _build(tp, values, path + ".")
         elif path in values:
             kwargs[f.name] = coerce(values[path], tp, path)
-            choices = f.metadata.get("choices")
-            if choices is not None and kwargs[f.name] not in choices:
-                raise ConfigError(f"{path}: {kwargs[f.name]!r} is not allowed; choose one of "
-                                  f"{', '.join(map(repr, choices))}")
+            _check_allowed(path, f, kwargs[f.name])
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{path} is required ({f.metadata.get('help', '')})")
     return cls(**kwargs)

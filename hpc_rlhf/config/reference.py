@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from .base import _type_name, leaf_paths
+from .base import _type_name, allowed_values, leaf_paths
 from .preference import DPOConfig, KDConfig, KTOConfig, ORPOConfig, PRMConfig, RMConfig, SimPOConfig
 from .rl import RLConfig
 from .sft import SFTConfig
@@ -30,8 +30,9 @@ def _default(f: dataclasses.Field) -> str:
 def option_table(cls: type) -> str:
     rows = ["| option | type | default | meaning |", "|---|---|---|---|"]
     for path, (_, f, tp) in leaf_paths(cls).items():
-        choices = f.metadata.get("choices")
-        typ = " \\| ".join(map(repr, choices)) if choices else _type_name(tp).replace("|", "\\|")
+        allowed = allowed_values(f)
+        typ = (" | ".join(map(repr, allowed)) + (" | null" if f.default is None else "") if allowed
+               else _type_name(tp)).replace("|", "\\|")
         helptext = f.metadata.get("help", "").replace("|", "\\|")
         rows.append(f"| `{path}` | {typ} | {_default(f)} | {helptext} |")
     return "\n".join(rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..algorithms import ADVANTAGE_ESTIMATORS, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from .base import ConfigError, field
 from .sections import CheckpointConfig, EngineOptions, LaunchConfig, LogConfig, ModelConfig, OptimizerConfig
 from .slurm import SlurmConfig
@@ -88,9 +89,9 @@ class RewardConfig:
 
 @dataclass
 class AlgoConfig:
-    advantage_estimator: str = field("group_norm", help="gae | reinforce | reinforce_baseline | rloo | "
-                                                        "group_norm | dr_grpo (docs/algorithms.md)")
-    policy_loss: str = field("ppo", help="ppo | gspo | cispo")
+    advantage_estimator: str = field("group_norm", registry=ADVANTAGE_ESTIMATORS,
+                                     help="advantage estimator (docs/algorithms.md)")
+    policy_loss: str = field("ppo", registry=POLICY_LOSSES, help="policy loss (docs/algorithms.md)")
     gamma: float = field(1.0, help="discount")
     lambd: float = field(0.95, help="GAE lambda")
     eps_clip: float = field(0.2, help="ratio clip (low side, and high side unless eps_clip_high is set)")
@@ -99,15 +100,15 @@ class AlgoConfig:
     value_clip: float | None = field(0.5, help="value clip range (null: unclipped)")
     entropy_loss_coef: float = field(0.0, help="entropy bonus coefficient")
     init_kl_coef: float = field(0.0, help="KL coefficient (0: no reference model)")
-    kl_estimator: Literal["k1", "k2", "k3"] = field("k1", help="KL estimator (k3 is usual in the loss)")
+    kl_estimator: str = field("k1", registry=KL_ESTIMATORS, help="KL estimator (k3 is usual in the loss)")
     use_kl_loss: bool | None = field(None, help="KL in the loss (true) or in the reward (false); default: "
                                                 "the estimator's choice")
     kl_target: float | None = field(None, help="adaptive KL controller target (null: fixed coefficient)")
     kl_horizon: int = field(10000, help="adaptive KL controller horizon")
-    loss_agg_mode: str | None = field(None, help="token_mean | seq_mean | constant (default: the "
-                                                 "estimator's choice)")
-    is_correction: Literal["none", "tis", "icepop", "seq_mask_tis"] = field(
-        "none", help="importance-sampling correction of the policy loss for the rollout engine's log-probs "
+    loss_agg_mode: str | None = field(None, registry=LOSS_AGGREGATIONS, help="how token losses make the step's "
+                                                                             "loss (null: the estimator's choice)")
+    is_correction: str = field(
+        "none", choices=("none",), registry=IS_CORRECTIONS, help="importance-sampling correction of the policy loss for the rollout engine's log-probs "
                      "differing from the trainer's: tis (truncate token ratios at is_high), icepop (drop tokens "
                      "whose ratio is outside [is_low, is_high]), seq_mask_tis (drop sequences whose "
                      "geometric-mean ratio is outside, truncate the rest); needs rollout.temperature 1 (or 0) "
@@ -117,11 +118,6 @@ class AlgoConfig:
                                      "drop threshold (icepop, seq_mask_tis)")
 
     def validate(self) -> None:
-        from ..algorithms.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-        for name, reg, key in ((self.advantage_estimator, ADVANTAGE_ESTIMATORS, "advantage_estimator"),
-                               (self.policy_loss, POLICY_LOSSES, "policy_loss")):
-            if name not in reg:
-                raise ConfigError(f"algo.{key}: {name!r} is not known; choose one of {', '.join(sorted(reg))}")
         if not 0.0 <= self.is_low < self.is_high:
             raise ConfigError(f"algo.is_low and algo.is_high need 0 <= is_low < is_high, got is_low={self.is_low}, "
                               f"is_high={self.is_high}")
