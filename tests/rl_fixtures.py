@@ -40,12 +40,25 @@ def merged(base: dict, **sections) -> dict:
     return out
 
 
-def run_rl(config: dict, root: Path, name: str, *extra: str, timeout: int = 400) -> list[dict]:
+def start_rl(config: dict, root: Path, name: str, *extra: str) -> subprocess.Popen:
+    """`hpc-rlhf train rl` on ``config`` (save_path root/name) started in the background."""
     config = merged(config, ckpt={"save_path": str(root / name), "ckpt_path": config.get("ckpt", {}).get(
         "ckpt_path", str(root / f"{name}_ckpt"))})
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(path), *extra],
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    return subprocess.Popen([sys.executable, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(path), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_rl(proc: subprocess.Popen, root: Path, name: str, timeout: int = 400) -> list[dict]:
+    """Wait for a run of ``start_rl``; it must succeed.  Its metrics rows."""
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-5000:]
     return [json.loads(x) for x in (root / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_rl(config: dict, root: Path, name: str, *extra: str, timeout: int = 400) -> list[dict]:
+    return finish_rl(start_rl(config, root, name, *extra), root, name, timeout)

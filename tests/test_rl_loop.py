@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import shutil
+import socket
 
 import pytest
 
-from rl_fixtures import make_assets, merged, run_rl
+from rl_fixtures import finish_rl, make_assets, merged, run_rl, start_rl
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +99,21 @@ def test_zero3_actor_ranks_broadcast_to_a_separate_rollout_rank(assets):
     for m in metrics:
         assert m["sync/checksum_loaded/0"] == pytest.approx(m["sync/checksum_sent"], rel=1e-12, abs=1e-9)
     assert metrics[0]["sync/checksum_sent"] != metrics[1]["sync/checksum_sent"]
+
+
+def test_two_single_process_runs_at_once(assets, monkeypatch):
+    """A lone `train rl` (no launcher, no MASTER_PORT) takes a free port for its store: two such runs at once
+    both finish while something else holds 29500, the default port (they died with EADDRINUSE)."""
+    root, base = assets
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    cfg = merged(base, train={"max_steps": 1}, placement={"colocate_all": True})
+    with socket.socket() as holder:
+        try:
+            holder.bind(("", 29500))
+            holder.listen()
+        except OSError:
+            pass  # something else holds it already: the same situation
+        runs = {name: start_rl(cfg, root, name) for name in ("lone_a", "lone_b")}
+        for name, proc in runs.items():
+            assert [m["step"] for m in finish_rl(proc, root, name, timeout=300)] == [1], name

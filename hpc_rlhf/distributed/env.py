@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,21 @@ def read_env(environ: dict | None = None) -> DistEnv:
     return DistEnv(rank, world, local, env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)))
 
 
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rendezvous_env() -> DistEnv:
+    """``read_env()``, except that a lone process started without a launcher (no MASTER_PORT) takes a free
+    port: two such runs on one machine would both build their store on the default port 29500."""
+    de = read_env()
+    if de.world_size == 1 and "MASTER_PORT" not in os.environ:
+        return DistEnv(0, 1, 0, "127.0.0.1", free_port())
+    return de
+
+
 def pick_backend(choice: str = "auto") -> str:
     if choice != "auto":
         return choice
@@ -46,13 +62,10 @@ def pick_backend(choice: str = "auto") -> str:
 
 def init_distributed(backend: str = "auto", timeout_s: int = 600) -> DistEnv:
     """Join the default process group (a group of one for a single process) and return where we are."""
-    de = read_env()
     if dist.is_initialized():
-        return de
+        return read_env()
+    de = rendezvous_env()
     backend = pick_backend(backend)
-    if de.world_size == 1 and "MASTER_PORT" not in os.environ:
-        from ..launch.local import free_port  # a lone process must not collide with a neighbour's port
-        de = DistEnv(0, 1, 0, "127.0.0.1", free_port())
     if backend == "nccl":
         torch.cuda.set_device(device_for(de))
     # DeepSpeed reads these from the environment whatever launched us.

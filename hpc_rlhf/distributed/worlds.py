@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .collectives import Bridge
-from .env import device_for, pick_backend, read_env
+from .env import device_for, pick_backend, rendezvous_env
 from .placement import Component, PlacementPlan
 from .watchdog import Watchdog
 
@@ -54,7 +54,7 @@ def describe_rank(plan: PlacementPlan, rank: int) -> str:
 def join(plan: PlacementPlan, backend: str = "auto", timeout_s: float = 1800.0,
          dead_after_s: float = 20.0, urgent=lambda: False) -> RoleContext:
     """Collective over every launched rank: returns once all worlds and bridges are built."""
-    de = read_env()
+    de = rendezvous_env()
     if de.world_size != plan.world_size:
         raise RuntimeError(f"the placement plan needs {plan.world_size} ranks but {de.world_size} were launched:\n"
                            f"{plan.describe()}")
