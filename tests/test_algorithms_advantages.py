@@ -9,6 +9,7 @@ The scalar reward sits on each sample's last valid token (index 2, 1, 2, 0).
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -315,3 +316,35 @@ def test_whitening_equal_values_gives_exactly_zero():
         halves = thread_ranks([lambda ar: masked_whiten(x[:1], torch.ones(1, 3), ar),
                                lambda ar: masked_whiten(x[1:], torch.ones(n - 1, 3), ar)])
         assert all(h.abs().max().item() == 0.0 for h in halves), (v, n)
+
+
+# ------------------------------------------------------------------ from the config
+
+def algo(name, whiten=None, eps=None):
+    return SimpleNamespace(advantage_estimator=name, whiten_advantages=whiten, advantage_eps=eps)
+
+
+def test_estimator_from_config_sets_whitening_and_eps():
+    from hpc_rlhf.algorithms import estimator_from_config
+    assert estimator_from_config(algo("gae")) == GAE(whiten=True, eps=1e-8)  # null options: the defaults
+    est = estimator_from_config(algo("gae", whiten=False))
+    adv, _ = est.compute(REWARDS, ZERO, MASK, values=VALUES, gamma=1.0, lambd=1.0)
+    assert rows(adv) == [[0.5, 0.5, 0.5], [-0.2, -0.1], [1, 1, 1], [-0.3]]  # G - V, as in test_gae_gamma1_lambda1
+    # eps = 11/45, the variance of test_gae_gamma1_lambda1's advantages: they are divided by sqrt(22/45)
+    adv, _ = estimator_from_config(algo("gae", eps=11 / 45)).compute(REWARDS, ZERO, MASK, values=VALUES,
+                                                                     gamma=1.0, lambd=1.0)
+    assert adv[0, 0].item() == pytest.approx((0.5 - 13 / 30) / math.sqrt(22 / 45), abs=1e-5)
+    # group_norm's eps is the one added to the std: group {1, 0} has std sqrt(0.5), eps 1 - sqrt(0.5)
+    # makes the denominator 1: advantages +-0.5
+    adv, _ = estimator_from_config(algo("group_norm", eps=1 - math.sqrt(0.5))).compute(
+        REWARDS, ZERO, MASK, group_ids=GIDS)
+    assert adv[0, 0].item() == pytest.approx(0.5, abs=1e-6) and adv[1, 0].item() == pytest.approx(-0.5, abs=1e-6)
+    assert estimator_from_config(algo("rloo", whiten=True)).whiten
+
+
+def test_estimator_from_config_refuses_an_option_the_estimator_lacks():
+    from hpc_rlhf.algorithms import estimator_from_config
+    with pytest.raises(ValueError, match="algo.whiten_advantages does not apply to advantage_estimator 'group_norm'"):
+        estimator_from_config(algo("group_norm", whiten=True))
+    with pytest.raises(ValueError, match="algo.advantage_eps does not apply to advantage_estimator 'dr_grpo'"):
+        estimator_from_config(algo("dr_grpo", eps=1e-3))

@@ -135,3 +135,16 @@ def test_every_objective_section_names_a_registered_unit():
     units = {command: hints["objective"].unit for command, cls in reference.COMMANDS.items()
              for hints in [get_type_hints(cls)] if "objective" in hints}
     assert len(units) == 7 and all(unit in PREFERENCE_OBJECTIVES for unit in units.values()), units
+
+
+def test_advantage_whitening_and_eps_options():
+    from hpc_rlhf.config.rl import RLConfig
+    cfg = load_config(RLConfig, None, RL_BASE + ["advantage_estimator=gae", "whiten_advantages=false",
+                                                 "advantage_eps=1e-5"])
+    assert cfg.algo.whiten_advantages is False and cfg.algo.advantage_eps == 1e-5
+    assert load_config(RLConfig, None, RL_BASE).algo.whiten_advantages is None  # the estimator's default
+    with pytest.raises(ConfigError, match="algo.whiten_advantages does not apply to advantage_estimator "
+                                          "'group_norm'"):
+        load_config(RLConfig, None, RL_BASE + ["whiten_advantages=true"])
+    with pytest.raises(ConfigError, match="algo.advantage_eps must be > 0"):
+        load_config(RLConfig, None, RL_BASE + ["advantage_eps=0"])

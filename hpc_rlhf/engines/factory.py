@@ -15,4 +15,4 @@ def make_engine(opts, pretrain: str, dtype: str, device, max_batch_size: int, se
                           gpu_memory_utilization=opts.vllm_gpu_memory_utilization, enable_sleep_mode=sleep,
                           track_checksums=track_checksums, tensor_parallel_size=opts.vllm_tensor_parallel_size)
     from .hf_engine import HFEngine
-    return HFEngine(path, dtype=dtype, device=str(device), max_batch_size=max_batch_size)
+    return HFEngine(path, dtype=dtype, device=str(device), max_batch_size=max_batch_size, lean=opts.lean_decoder)

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from ..algorithms.advantages import make_advantage_estimator
+from ..algorithms.advantages import estimator_from_config
 from ..algorithms.kl import compute_kl, kl_penalty_rewards, make_kl_controller
 from ..algorithms.registry import ADVANTAGE_ESTIMATORS
 from ..checkpoint.hf_export import save_hf
@@ -94,7 +94,7 @@ class RLRun:
             self.total_steps = min(self.total_steps, cfg.train.max_steps)
         opt_steps = self.total_steps * cfg.train.max_epochs * (r.rollout_batch_size * r.n_samples_per_prompt
                                                                // cfg.train.train_batch_size)
-        self.estimator = make_advantage_estimator(cfg.algo.advantage_estimator)
+        self.estimator = estimator_from_config(cfg.algo)
         self.use_kl_loss = (cfg.algo.use_kl_loss if cfg.algo.use_kl_loss is not None
                             else not self.estimator.kl_in_reward)
         self.agg_mode = cfg.algo.loss_agg_mode or self.estimator.default_loss_agg
