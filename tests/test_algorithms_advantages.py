@@ -19,7 +19,8 @@ from _thread_ranks import thread_ranks
 from hpc_rlhf.algorithms import (ADVANTAGE_ESTIMATORS, contiguous_group_ids, discounted_returns,
                                  make_advantage_estimator, masked_mean_var, masked_whiten,
                                  outcome_token_rewards)
-from hpc_rlhf.algorithms.advantages import GAE, Reinforce, group_mean_std
+from hpc_rlhf.algorithms.advantages import GAE, Reinforce
+from hpc_rlhf.algorithms.groups import group_mean_std
 from hpc_rlhf.algorithms.registry import Registry
 
 REWARDS = torch.tensor([1.0, 0.0, 2.0, 0.0])

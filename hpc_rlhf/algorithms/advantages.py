@@ -31,122 +31,12 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
+from .groups import group_centered, group_mean_std, group_sum_count
 from .registry import ADVANTAGE_ESTIMATORS
+from .returns import discounted_returns, gae_advantages, outcome_token_rewards, sequence_reward
 from .whiten import AllReduce, masked_whiten
 
 Tensor = torch.Tensor
-
-
-# ---------------------------------------------------------------------------------------------
-# building blocks
-# ---------------------------------------------------------------------------------------------
-
-def contiguous_group_ids(batch_size: int, n_samples_per_prompt: int,
-                         device: Optional[torch.device] = None) -> Tensor:
-    """Group ids [B] for samples that arrive in contiguous groups of ``n_samples_per_prompt``."""
-    if n_samples_per_prompt < 1 or batch_size % n_samples_per_prompt:
-        raise ValueError(f"batch size {batch_size} is not a multiple of n_samples_per_prompt="
-                         f"{n_samples_per_prompt}")
-    return torch.arange(batch_size, device=device) // n_samples_per_prompt
-
-
-def _group_index(group_ids: Tensor) -> tuple[Tensor, int]:
-    inv = torch.unique(group_ids, return_inverse=True)[1]
-    return inv, int(inv.max().item()) + 1 if inv.numel() else 0
-
-
-def group_sum_count(x: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """For each sample: the sum of ``x`` [B] over its group and the group's size (both [B], float64)."""
-    inv, n = _group_index(group_ids)
-    xd = x.double()
-    sums = torch.zeros(n, dtype=xd.dtype, device=x.device).index_add_(0, inv, xd)
-    counts = torch.bincount(inv, minlength=n).to(xd.dtype)
-    return sums[inv], counts[inv]
-
-
-def group_tied(x: Tensor, group_ids: Tensor) -> Tensor:
-    """[B] bool: True for every sample of a group whose values of ``x`` [B] are all exactly equal."""
-    inv, n = _group_index(group_ids)
-    lo = x.new_zeros(n).scatter_reduce(0, inv, x, "amin", include_self=False)
-    hi = x.new_zeros(n).scatter_reduce(0, inv, x, "amax", include_self=False)
-    return (lo == hi)[inv]
-
-
-def group_centered(x: Tensor, group_ids: Tensor) -> Tensor:
-    """x − mean_g(x) [B] in float64, exactly 0 for every sample of a group of equal values (a
-    float32 mean of n copies of 0.7 lands an ulp away from them)."""
-    s, c = group_sum_count(x, group_ids)
-    return torch.where(group_tied(x, group_ids), 0.0, x.double() - s / c)
-
-
-def group_mean_std(x: Tensor, group_ids: Tensor, unbiased: bool = True) -> tuple[Tensor, Tensor]:
-    """Per-sample group mean and group standard deviation of ``x`` [B] (both [B], float64).
-
-    ``unbiased=True``: sample std sqrt(Σ (x − mean)² / (n − 1)); a group of one sample has std 0.
-    ``unbiased=False``: population std sqrt(Σ (x − mean)² / n).  A group of equal values has std 0.
-    """
-    s, c = group_sum_count(x, group_ids)
-    sq, _ = group_sum_count(group_centered(x, group_ids) ** 2, group_ids)
-    denom = (c - 1.0).clamp(min=1.0) if unbiased else c
-    return s / c, torch.sqrt(sq / denom)
-
-
-def _zero_pad(x: Tensor, mask: Tensor) -> Tensor:
-    """x in float32 with padded positions set to 0 (robust to inf/nan garbage there)."""
-    xf = x.float()
-    return torch.where(mask.bool(), xf, torch.zeros_like(xf))
-
-
-def outcome_token_rewards(rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor) -> Tensor:
-    """r [B, R]: token rewards (masked) plus the scalar reward on each sample's last valid token."""
-    m = mask.float()
-    B, R = m.shape
-    r = torch.zeros_like(m) if token_rewards is None else _zero_pad(token_rewards, mask)
-    if R == 0:
-        return r
-    pos = torch.arange(1, R + 1, device=m.device, dtype=m.dtype)
-    last = (pos * m).argmax(dim=-1, keepdim=True)          # index of the last position with mask 1
-    has = (m.sum(-1, keepdim=True) > 0).to(m.dtype)         # samples with at least one token
-    return r.scatter_add(1, last, rewards.float().reshape(B, 1) * has)
-
-
-def discounted_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    """G_t = Σ_{k ≥ t} γ^(k−t) r_k over the valid positions (0 on padding)."""
-    m = mask.float()
-    r = _zero_pad(r, mask)
-    if gamma == 1.0:
-        return torch.flip(torch.cumsum(torch.flip(r, [-1]), -1), [-1]) * m
-    out = torch.zeros_like(r)
-    running = torch.zeros_like(r[:, 0]) if r.shape[1] else None
-    for t in range(r.shape[1] - 1, -1, -1):
-        running = r[:, t] + gamma * running
-        out[:, t] = running
-    return out * m
-
-
-def gae_advantages(r: Tensor, values: Tensor, mask: Tensor, gamma: float,
-                   lambd: float) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation (Schulman et al. 2016), before any whitening.
-
-    δ_t = r_t + γ V_{t+1} − V_t with V = 0 beyond the last valid token;
-    A_t = Σ_{k ≥ 0} (γλ)^k δ_{t+k};  returns_t = A_t + V_t.  Both 0 on padding.
-    """
-    m = mask.float()
-    v = _zero_pad(values.detach(), mask)
-    r = _zero_pad(r, mask)
-    next_v = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)
-    delta = (r + gamma * next_v - v) * m
-    gl = gamma * lambd
-    if gl == 1.0:
-        adv = torch.flip(torch.cumsum(torch.flip(delta, [-1]), -1), [-1])
-    else:
-        adv = torch.zeros_like(delta)
-        running = torch.zeros_like(delta[:, 0]) if delta.shape[1] else None
-        for t in range(delta.shape[1] - 1, -1, -1):
-            running = delta[:, t] + gl * running
-            adv[:, t] = running
-    adv = adv * m
-    return adv, (adv + v) * m
 
 
 def _check(rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor) -> None:
@@ -287,15 +177,6 @@ class RLOO(Reinforce):
         return self._returns(shaped.float(), token_rewards, mask, gamma, all_reduce)
 
 
-def _sequence_reward(rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor) -> Tensor:
-    """R_i = r_i + Σ_t token_rewards_{i,t} (the token rewards are 0 unless the config moves the KL
-    penalty into the reward for a group estimator)."""
-    r = rewards.float()
-    if token_rewards is not None:
-        r = r + _zero_pad(token_rewards, mask).sum(-1)
-    return r
-
-
 @ADVANTAGE_ESTIMATORS.register("group_norm")
 @dataclass
 class GroupNorm(AdvantageEstimator):
@@ -315,7 +196,7 @@ class GroupNorm(AdvantageEstimator):
                 lambd=1.0, all_reduce=None):
         _check(rewards, token_rewards, mask)
         gid = _need_groups(self.name, group_ids, rewards)
-        R = _sequence_reward(rewards, token_rewards, mask)
+        R = sequence_reward(rewards, token_rewards, mask)
         _, std = group_mean_std(R, gid, unbiased=True)
         a = group_centered(R, gid) / (std + self.eps)
         return a.float()[:, None] * mask.float(), None
@@ -338,7 +219,7 @@ class DrGRPO(AdvantageEstimator):
                 lambd=1.0, all_reduce=None):
         _check(rewards, token_rewards, mask)
         gid = _need_groups(self.name, group_ids, rewards)
-        R = _sequence_reward(rewards, token_rewards, mask)
+        R = sequence_reward(rewards, token_rewards, mask)
         return group_centered(R, gid).float()[:, None] * mask.float(), None
 
 

@@ -11,7 +11,8 @@ Every source returns a :class:`RewardBatch`; samples whose reward failed have ``
 from __future__ import annotations
 
 from .client import RemoteReward
-from .function import RewardFunction, load_reward_function
+from .function import RewardFunction
+from .reward_file import load_reward_function
 from .server import ServerHandle, start_server
 from .shaping import (RunningMoments, clip_rewards, combine, normalize_rewards, overlong_penalty,
                       truncation_penalty)
