@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..algorithms.aggregation import aggregate
-from ..algorithms.kl import compute_kl
-from ..algorithms.mismatch import is_weights, mismatch_metrics
-from ..algorithms.policy_loss import entropy_from_logits, policy_loss
+from ..algorithms.mismatch import mismatch_metrics
+from ..algorithms.policy_loss import entropy_from_logits
+from ..algorithms.rl_algorithm import RLAlgorithm
 from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import load_causal_lm
@@ -17,8 +16,9 @@ from .training import optimizer_steps, per_sample, run_optimizer_step
 class Actor:
     _mismatch_max = 0.0  # largest |trainer − engine| log-prob difference of the current train() call
 
-    def __init__(self, cfg: RLConfig, total_optimizer_steps: int, world_size: int, pad_id: int, device):
-        self.cfg, self.pad_id, self.device, self.world_size = cfg, pad_id, device, world_size
+    def __init__(self, cfg: RLConfig, algo: RLAlgorithm, total_optimizer_steps: int, world_size: int, pad_id: int,
+                 device):
+        self.cfg, self.algo, self.pad_id, self.device, self.world_size = cfg, algo, pad_id, device, world_size
         self.engine = build_engine(load_causal_lm(cfg.model), cfg.train, cfg.train.actor_learning_rate,
                                    cfg.model.param_dtype, total_optimizer_steps, world_size)
         self.temperature = cfg.rollout.temperature or 1.0
@@ -35,57 +35,38 @@ class Actor:
         return per_sample(self.engine, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device,
                           lambda batch: response_logprobs(self._logits(batch), batch, self.temperature))
 
-    def _micro_loss(self, kl_coef: float, use_kl_loss: bool, agg_mode: str):
-        algo = self.cfg.algo
+    def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm):
+        logits = self._logits(batch)
+        logp = response_logprobs(logits, batch, self.temperature)
+        R = batch.mask.size(1)
+        # without an old-policy pass the samples come from exactly these weights (one update per step)
+        old = (logp.detach() if samples[0].old_logprobs is None
+               else padded([s.old_logprobs for s in samples], R).to(logp.device))
+        adv = padded([s.advantages for s in samples], R).to(logp.device)
+        engine = engine_logprobs(samples, R).to(logp.device)
+        ref = (padded([s.ref_logprobs for s in samples], R).to(logp.device)
+               if samples[0].ref_logprobs is not None else None)
+        token_loss, metrics = self.algo.actor_token_loss(
+            logp, old, engine, ref, adv, batch.mask, lambda: entropy_from_logits(gather_positions(logits, batch)))
+        if self.temperature == 1.0:
+            trainer = old
+        else:  # the engine's log-probs are at temperature 1: compare with the current policy's at 1
+            with torch.no_grad():
+                trainer = response_logprobs(logits.detach(), batch, 1.0)
+        mm = mismatch_metrics(trainer, engine, batch.mask)
+        self._mismatch_max = max(self._mismatch_max, float(mm["mismatch/max_abs_diff"]))
+        metrics.update(mm)
+        return self.algo.actor_loss(token_loss, batch.mask, norm), metrics
 
-        def loss_fn(samples: list[Experience], batch: RLBatch, norm):
-            logits = self._logits(batch)
-            logp = response_logprobs(logits, batch, self.temperature)
-            R = batch.mask.size(1)
-            # without an old-policy pass the samples come from exactly these weights (one update per step)
-            old = (logp.detach() if samples[0].old_logprobs is None
-                   else padded([s.old_logprobs for s in samples], R).to(logp.device))
-            adv = padded([s.advantages for s in samples], R).to(logp.device)
-            engine = engine_logprobs(samples, R).to(logp.device)
-            token_loss, metrics = policy_loss(algo.policy_loss, logp, old, adv, batch.mask, eps_clip=algo.eps_clip,
-                                              eps_clip_high=algo.eps_clip_high, dual_clip=algo.dual_clip)
-            if algo.is_correction != "none":
-                # the old policy is the trainer's policy at generation time; the engine's log-probs are at
-                # temperature 1, so are the trainer's (RLConfig.validate)
-                weights, is_metrics = is_weights(algo.is_correction, old, engine, batch.mask, low=algo.is_low,
-                                                 high=algo.is_high)
-                token_loss = token_loss * weights
-                metrics.update(is_metrics)
-            if self.temperature == 1.0:
-                trainer = old
-            else:  # the engine's log-probs are at temperature 1: compare with the current policy's at 1
-                with torch.no_grad():
-                    trainer = response_logprobs(logits.detach(), batch, 1.0)
-            mm = mismatch_metrics(trainer, engine, batch.mask)
-            self._mismatch_max = max(self._mismatch_max, float(mm["mismatch/max_abs_diff"]))
-            metrics.update(mm)
-            if use_kl_loss and kl_coef > 0:
-                ref = padded([s.ref_logprobs for s in samples], R).to(logp.device)
-                kl = compute_kl(logp, ref, algo.kl_estimator, batch.mask)
-                token_loss = token_loss + kl_coef * kl
-                metrics["kl_loss"] = (kl.sum() / batch.mask.sum().clamp(min=1)).detach()
-            if algo.entropy_loss_coef:
-                ent = entropy_from_logits(gather_positions(logits, batch)) * batch.mask
-                token_loss = token_loss - algo.entropy_loss_coef * ent
-                metrics["entropy"] = (ent.sum() / batch.mask.sum().clamp(min=1)).detach()
-            return aggregate(token_loss, batch.mask, agg_mode, norm), metrics
-        return loss_fn
-
-    def train(self, samples: list[Experience], step: int, kl_coef: float, use_kl_loss: bool,
-              agg_mode: str) -> dict[str, float]:
+    def train(self, samples: list[Experience], step: int) -> dict[str, float]:
         t = self.cfg.train
         per_rank = t.train_batch_size // self.world_size
         history = []
         self._mismatch_max = 0.0
         for micro in optimizer_steps(samples, per_rank, t.micro_train_batch_size, t.max_epochs,
                                      t.seed + step, self.pad_id, self.device):
-            history.append(run_optimizer_step(self.engine, micro, self._micro_loss(kl_coef, use_kl_loss, agg_mode),
-                                              self.world_size, float(self.cfg.rollout.generate_max_len)))
+            history.append(run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size,
+                                              float(self.cfg.rollout.generate_max_len)))
         out = {f"actor/{k}": sum(h[k] for h in history) / len(history) for k in history[0]}
         out["actor/mismatch/max_abs_diff"] = self._mismatch_max  # a max over the call, not a mean of maxima
         out["actor/lr"] = self.engine.get_lr()[0]

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..algorithms.aggregation import aggregate
-from ..algorithms.value_loss import value_loss
+from ..algorithms.rl_algorithm import RLAlgorithm
 from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import resolve_pretrained
@@ -33,8 +32,9 @@ def token_values(model: torch.nn.Module, batch: RLBatch) -> torch.Tensor:
 
 
 class Critic:
-    def __init__(self, cfg: RLConfig, total_optimizer_steps: int, world_size: int, pad_id: int, device):
-        self.cfg, self.pad_id, self.device, self.world_size = cfg, pad_id, device, world_size
+    def __init__(self, cfg: RLConfig, algo: RLAlgorithm, total_optimizer_steps: int, world_size: int, pad_id: int,
+                 device):
+        self.cfg, self.algo, self.pad_id, self.device, self.world_size = cfg, algo, pad_id, device, world_size
         path = cfg.critic_pretrain or cfg.reward.reward_pretrain or cfg.model.pretrain
         model = load_value_model(path, cfg.model.param_dtype, cfg.model.gradient_checkpointing)
         self.engine = build_engine(model, cfg.train, cfg.train.critic_learning_rate,
@@ -49,8 +49,7 @@ class Critic:
         R = batch.mask.size(1)
         old = padded([s.values for s in samples], R).to(v.device)
         ret = padded([s.returns for s in samples], R).to(v.device)
-        token_loss, metrics = value_loss(v, old, ret, batch.mask, self.cfg.algo.value_clip)
-        return aggregate(token_loss, batch.mask, "token_mean", norm), metrics
+        return self.algo.critic_loss(v, old, ret, batch.mask, norm)
 
     def train(self, samples: list[Experience], step: int) -> dict[str, float]:
         t = self.cfg.train

@@ -27,6 +27,11 @@ class Experience:
     returns: list[float] | None = None
     extra: dict = field(default_factory=dict)
 
+    @property
+    def uid(self) -> tuple[int, int]:
+        """The sample's id within its step: (group, index in the group)."""
+        return self.prompt_index, self.sample_index
+
 
 def shard_groups(samples: list[Experience], n_ranks: int, index: int) -> list[Experience]:
     """Whole prompt groups, dealt round robin to ``n_ranks`` ranks (group-wise statistics stay local)."""

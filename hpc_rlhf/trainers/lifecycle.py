@@ -1,5 +1,5 @@
-"""What every data-parallel trainer does around its loop: join the world with the stop signals armed
-(``run_in_world``), and start from the newest committed checkpoint when asked to resume or when SLURM
+"""What every trainer does around its loop: join the world with the stop signals armed (``run_in_world`` for
+the data-parallel trainers, ``run_in_roles`` for the RL run's role worlds), and start from the newest committed checkpoint when asked to resume or when SLURM
 requeued the job (a restarted job must not begin again from step 0)."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import logging
 
 from ..checkpoint.store import latest_checkpoint, load_checkpoint
 from ..distributed.env import init_distributed, shutdown
+from ..distributed.worlds import join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
-from ..launch.preemption import StopRequest
+from ..launch.preemption import RunStopped, StopRequest
 from ..launch.slurm_env import restart_count
 
 log = logging.getLogger("hpc_rlhf.lifecycle")
@@ -24,6 +25,30 @@ def run_in_world(cfg, body):
     finally:
         stop.restore()
         shutdown()
+
+
+def run_in_roles(cfg, plan, body):
+    """``body(role_context, stop)`` on this rank, between joining the job's role worlds (``plan``) and leaving
+    them.  An error other than a stop is explained by the watchdog first: a dead peer is the usual cause, and
+    naming it beats gloo's message."""
+    configure_deepspeed_env()
+    stop = StopRequest.from_config(cfg.slurm)
+    try:
+        p = cfg.placement
+        ctx = join(plan, cfg.launch.backend, p.collective_timeout_s, p.dead_rank_timeout_s,
+                   urgent=lambda: stop.received is not None)
+        try:
+            result = body(ctx, stop)
+        except RunStopped:
+            leave(ctx)
+            raise
+        except Exception:
+            ctx.watchdog.explain_failure()
+            raise
+        leave(ctx)
+        return result
+    finally:
+        stop.restore()
 
 
 def resume(engines: dict, ckpt_cfg, is_main: bool, rank: int | None = None) -> dict | None:

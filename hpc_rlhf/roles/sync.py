@@ -1,0 +1,64 @@
+"""The sync phase: the actor's new weights reach the rollout engines (broadcast, or a load when colocated).
+
+``WeightSync`` keeps what the phase carries from one step to the next: whether the frozen base of a LoRA
+actor has been sent (it goes once; the merged LoRA layers go every step) and, with
+``log.check_weight_sync``, the checksum of every tensor sent so far, so the sender's checksum covers
+everything the engines hold.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..distributed.weight_sync import actor_buckets, full_items, lora_items, receive_weights, send_weights, unpack
+from ..distributed.worlds import RoleContext
+from ..engines.rollout import combine_checksums, tensor_part_checksum
+
+BUCKET_BYTES = 64 << 20
+
+
+class WeightSync:
+    def __init__(self, cfg, ctx: RoleContext, actor, rollout):
+        self.ctx, self.actor, self.rollout = ctx, actor, rollout
+        self.lora = cfg.model.lora_rank > 0
+        self.check = cfg.log.check_weight_sync
+        self.dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
+        self.base_sent = False
+        self.sent_parts: dict[str, float] = {}  # checksum of every tensor sent so far (check_weight_sync)
+
+    def run(self) -> dict[str, float]:
+        """Actor -> rollout, on every rank of either.  Returns the phase's time and, with check_weight_sync,
+        the checksum sent (actor leader) or loaded (each rollout rank)."""
+        t0 = time.time()
+        out: dict[str, float] = {}
+        if self.actor is not None:
+            out = self._send()
+        elif self.rollout is not None:
+            receive_weights(self.ctx.weights, self.rollout.engine, self.dtype)
+        if self.rollout is not None and self.check:
+            out[f"sync/checksum_loaded/{self.ctx.role_rank('rollout')}"] = self.rollout.engine.state_checksum()
+        out["time/weight_sync_s"] = time.time() - t0
+        return out
+
+    def _send(self) -> dict[str, float]:
+        leader = self.ctx.role_rank("actor") == 0
+        zero3 = self.actor.engine.zero_optimization_stage() == 3
+        # LoRA: the merged LoRA layers every time, the frozen rest of the base only the first time
+        items = (lora_items(self.actor.module, include_frozen=not self.base_sent) if self.lora
+                 else full_items(self.actor.module))
+        track = leader and self.check
+
+        def tracked(buckets):
+            for specs, flat in buckets:
+                if track:
+                    self.sent_parts.update((n, tensor_part_checksum(t)) for n, t in unpack(specs, flat))
+                yield specs, flat
+        send_weights(self.ctx.weights, tracked(actor_buckets(items, zero3, self.dtype, BUCKET_BYTES)),
+                     is_leader=leader, local_engine=self.rollout.engine if self.rollout is not None else None)
+        self.base_sent = True
+        if not track:
+            return {}
+        # over every tensor the engines hold: the ones sent now and the frozen ones sent before
+        return {"sync/checksum_sent": combine_checksums(self.sent_parts),
+                "sync/numel_sent": float(sum(it.spec.numel for it in items))}

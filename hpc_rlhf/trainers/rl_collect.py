@@ -1,0 +1,172 @@
+"""The collect phase of the RL step: generate and score, with dynamic filtering, the async samples made ahead,
+and the greedy eval.  Each generate and each score ends in one exchange, so every rank holds every sample.
+
+- ``PromptSchedule``: which prompts a step draws (the epoch order; replacements under dynamic filtering);
+- ``AheadBuffer``: with ``train.async_train``, the samples a rollout-only rank generated for the next step
+  while the actor trained (kept in the checkpoint, so a resumed run uses the very same samples);
+- ``Collector``: the phase itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from ..data.batching import EpochSampler
+from ..data.prompts import Prompt
+from ..distributed.worlds import RoleContext
+from ..roles.experience import Experience, shard_groups
+
+
+class PromptSchedule:
+    def __init__(self, prompts: list[Prompt], rollout_batch_size: int, seed: int, num_episodes: int,
+                 max_steps: int | None):
+        self.prompts, self.batch, self.seed = prompts, rollout_batch_size, seed
+        self.sampler = EpochSampler(len(prompts), rollout_batch_size, 1, 0, seed)
+        self.total_steps = self.sampler.steps_per_epoch * num_episodes
+        if max_steps is not None:
+            self.total_steps = min(self.total_steps, max_steps)
+
+    def draw(self, step: int, round_: int, count: int) -> list[tuple[int, Prompt]]:
+        """Round 0: the step's prompts; later rounds (dynamic filtering): ``count`` replacements, seeded by the
+        step.  Each with its index in the step (its group id)."""
+        if round_ == 0:
+            epoch, in_epoch = divmod(step, self.sampler.steps_per_epoch)
+            idx = self.sampler.step_indices(epoch, in_epoch)
+        else:
+            g = torch.Generator().manual_seed(self.seed * 7919 + step * 104729 + round_)
+            idx = torch.randperm(len(self.prompts), generator=g)[:count].tolist()
+        return [(round_ * self.batch + j, self.prompts[i]) for j, i in enumerate(idx)]
+
+
+class AheadBuffer:
+    def __init__(self, shard_id: list[int]):
+        self.shard_id = shard_id  # [index, count] of this rollout rank: samples made ahead are its share
+        self.held: tuple[int, list[Experience]] | None = None
+
+    def put(self, step: int, samples: list[Experience]) -> None:
+        self.held = (step, samples)
+
+    def take(self, step: int) -> list[Experience] | None:
+        if self.held is None or self.held[0] != step:
+            return None
+        samples, self.held = self.held[1], None
+        return samples
+
+    def state(self) -> dict | None:
+        if self.held is None:
+            return None
+        return {"ahead_step": self.held[0], "ahead_samples": self.held[1], "ahead_shard": self.shard_id}
+
+    def load(self, state: dict | None) -> None:
+        # samples made ahead are this rank's share of the prompts: with another rollout layout, generate afresh
+        if state is not None and state["ahead_shard"] == self.shard_id:
+            self.held = (state["ahead_step"], state["ahead_samples"])
+
+
+class Collector:
+    def __init__(self, cfg, ctx: RoleContext, rollout, reward, schedule: PromptSchedule,
+                 eval_prompts: list[Prompt]):
+        self.r, self.ctx, self.rollout, self.reward = cfg.rollout, ctx, rollout, reward
+        self.schedule, self.eval_prompts = schedule, eval_prompts
+        # async_train: the rollout-only ranks generate the next step's samples while the others train
+        self.generates_ahead = cfg.train.async_train and ctx.trainers is None
+        k, n = ctx.role_rank("rollout"), len(ctx.plan.ranks_of("rollout"))
+        self.shard = slice(k, None, n)  # a rollout rank generates prompts[k::n]
+        self.ahead = AheadBuffer([k, n])
+        self.policy_step = 0  # RL steps of training behind the weights the rollout engine holds now
+        self.generate_s = 0.0
+
+    def exchange_trainers(self, mine):
+        """Among the ranks with a role besides rollout (rollout-only ranks are elsewhere: [] there)."""
+        return self.ctx.trainers.all_gather_object(mine) if self.ctx.trainers is not None else []
+
+    def _own_samples(self, prompts: list[tuple[int, Prompt]], step: int, salt: int, greedy: bool):
+        """On a rollout rank: the samples of its share of ``prompts``, with the weights it holds now."""
+        n = 1 if greedy else self.r.n_samples_per_prompt
+        params = dataclasses.replace(self.rollout.params, temperature=0.0) if greedy else None
+        t0 = time.time()
+        out = self.rollout.generate(prompts[self.shard], step, n, params=params, salt=salt)
+        self.generate_s = time.time() - t0
+        for s in out:
+            s.policy_step = self.policy_step
+        return out
+
+    def _generate(self, prompts, step: int, salt: int, greedy: bool = False, ready=None) -> list[Experience]:
+        """Every rank: the samples of ``prompts`` from all rollout ranks (``ready``: this rank's, made ahead)."""
+        mine = []
+        if self.rollout is not None:
+            mine = ready if ready is not None else self._own_samples(prompts, step, salt, greedy)
+        samples = [s for part in self.ctx.control.all_gather_object(mine) for s in part]
+        return sorted(samples, key=lambda s: s.uid)
+
+    def _score(self, samples: list[Experience]) -> dict[str, float]:
+        """Rewards onto the samples.  Rollout-only ranks take part only under dynamic filtering (they pick
+        the replacement prompts); otherwise they get no scores and go on generating."""
+        mine, extra = {}, {}
+        if self.reward is not None:
+            shard = shard_groups(samples, len(self.ctx.plan.ranks_of("reward")), self.ctx.role_rank("reward"))
+            rewards, valid, extra = self.reward.score(shard)
+            mine = {s.uid: (r, v) for s, r, v in zip(shard, rewards, valid)}
+        exchange = self.ctx.control.all_gather_object if self.r.dynamic_filtering else self.exchange_trainers
+        gathered = exchange((mine, extra))
+        if not gathered:
+            return {}
+        scores = {k: v for part, _ in gathered for k, v in part.items()}
+        for s in samples:
+            s.reward, s.reward_valid = scores[s.uid]
+        return _summed(e for _, e in gathered)
+
+    def collect(self, step: int) -> tuple[list[Experience], dict[str, float]]:
+        """Generate and score; with dynamic filtering, replace groups whose rewards are all equal.  Then, on
+        rollout-only ranks under async_train, the next step's samples."""
+        t0 = time.time()
+        samples, metrics = self._rounds(step)
+        if self.generates_ahead and step + 1 < self.schedule.total_steps:
+            self.ahead.put(step + 1, self._own_samples(self.schedule.draw(step + 1, 0, 0), step + 1, 0, False))
+        if self.rollout is not None and self.ctx.role_rank("rollout") == 0:
+            metrics["time/rollout_generate_s"] = self.generate_s  # the last generation of the leader
+        metrics["time/generate_score_s"] = time.time() - t0
+        return samples, metrics
+
+    def _rounds(self, step: int) -> tuple[list[Experience], dict[str, float]]:
+        B, n = self.r.rollout_batch_size, self.r.n_samples_per_prompt
+        kept: list[Experience] = []
+        dropped: list[Experience] = []
+        metrics: dict[str, float] = {}
+        for round_ in range(self.r.dynamic_filtering_max_rounds if self.r.dynamic_filtering else 1):
+            samples = self._generate(self.schedule.draw(step, round_, B - len(kept) // n), step, salt=round_,
+                                     ready=self.ahead.take(step) if round_ == 0 else None)
+            metrics = _summed([metrics, self._score(samples)])
+            if not self.r.dynamic_filtering:
+                return samples, metrics
+            for g in sorted({s.prompt_index for s in samples}):
+                group = [s for s in samples if s.prompt_index == g]
+                rewards = [s.reward for s in group]
+                (kept if max(rewards) - min(rewards) > 1e-6 else dropped).extend(group)
+            if len(kept) // n >= B:
+                break
+        kept = kept[:B * n]
+        filled = B - len(kept) // n
+        kept += dropped[:filled * n]
+        metrics["rollout/filtered_groups"] = len(dropped) // n
+        metrics["rollout/filled_groups"] = filled
+        return kept, metrics
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy responses to the eval prompts, scored by the reward role: eval/reward_mean."""
+        samples = self._generate(list(enumerate(self.eval_prompts)), step, salt=0, greedy=True)
+        extra = self._score(samples)
+        valid = [s.reward for s in samples if s.reward_valid]
+        out = {"eval/reward_mean": sum(valid) / max(len(valid), 1), "eval/prompts": float(len(samples))}
+        out.update({f"eval/{k}": v for k, v in extra.items() if not k.endswith(("failures", "batches", "time_s"))})
+        return out
+
+
+def _summed(parts) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
