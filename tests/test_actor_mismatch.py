@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hpc_rlhf.algorithms.aggregation import StepNorm
+from hpc_rlhf.algorithms.rl_algorithm import RLAlgorithm
 from hpc_rlhf.config import load_config
 from hpc_rlhf.config.base import ConfigError
 from hpc_rlhf.config.rl import RLConfig
@@ -28,7 +29,8 @@ class FakeEngine(torch.nn.Module):
 
 def actor(*overrides: str, logits: torch.Tensor) -> Actor:
     a = Actor.__new__(Actor)  # the loss only needs the config, the engine's forward and the temperature
-    a.cfg = load_config(RLConfig, None, BASE + list(overrides))
+    a.cfg = load_config(RLConfig, None, BASE + ["loss_agg_mode=token_mean"] + list(overrides))
+    a.algo = RLAlgorithm(a.cfg.algo, single_update=True)  # init_kl_coef 0: no KL term
     a.pad_id, a.device, a.world_size, a.temperature = 0, "cpu", 1, 1.0
     a.engine = FakeEngine(logits)
     return a
@@ -50,7 +52,7 @@ def samples_and_batch(logits: torch.Tensor, far: tuple[int, int], shift: float):
 
 
 def loss_grad(a: Actor, s, batch):
-    loss, metrics = a._micro_loss(0.0, False, "token_mean")(s, batch, StepNorm.from_masks([batch.mask]))
+    loss, metrics = a._micro_loss(s, batch, StepNorm.from_masks([batch.mask]))
     loss.backward()
     return a.engine.logits.grad, metrics
 
