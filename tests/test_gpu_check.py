@@ -102,8 +102,8 @@ def test_run_checks_records_failures_goes_on_and_stops_starting_when_the_budget_
 
 def test_a_process_past_its_time_limit_is_killed_with_its_children(tmp_path):
     marker = tmp_path / "child.pid"
-    script = f"import subprocess, time; open({str(marker)!r}, 'w').write(str(subprocess.Popen(['sleep', '60']).pid)); " \
-             "time.sleep(60)"
+    script = (f"import subprocess, time; open({str(marker)!r}, 'w').write(str(subprocess.Popen(['sleep', '60']).pid));"
+              " time.sleep(60)")
     t0 = time.time()
     with pytest.raises(runs.CheckFailed, match="ran past 2 s"):
         runs.run([sys.executable, "-c", script], tmp_path / "logs" / "slow.log", timeout_s=2)
@@ -123,3 +123,41 @@ def test_run_ranks_gives_every_rank_its_environment_and_returns_their_last_lines
         {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1"} for r in (0, 1)]
     with pytest.raises(runs.CheckFailed, match="rank 1 exited with 1"):
         runs.run_ranks([sys.executable, "-c", "import os, sys; sys.exit(int(os.environ['RANK']))"], 2, tmp_path, 60)
+
+
+def test_the_collectives_probe_agrees_with_its_hand_derived_values_over_gloo(tmp_path):
+    """The probe the GPU check runs on CUDA, here on CPU tensors: 3 ranks contributing r + 1 sum to 6, the
+    maximum of 10r + 3 is 23; the Bridge broadcasts, gathers objects of different sizes and reduces."""
+    path = os.pathsep.join([str(ROOT / "scripts"), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, CUDA_VISIBLE_DEVICES="")
+    lines = runs.run_ranks([sys.executable, "-m", "gpu_check.collectives_probe", "gloo"], 3, tmp_path, 120, env)
+    for line in lines:
+        assert json.loads(line) == {"device": "cpu", "default_group": "gloo", "default_group_ranks": 3,
+                                    "backend_device": "cpu", "bridge": "gloo", "bridge_ranks": 3,
+                                    "bridge_device": "cpu"}
+
+
+def test_on_a_one_gpu_machine_main_runs_the_plan_prints_one_line_and_fails_when_a_check_fails(
+        tmp_path, monkeypatch, capsys):
+    """The whole flow with the machine and the checks faked: plan, assets, checks, summary line and file."""
+    monkeypatch.setattr(entry, "machine", lambda: {"cuda": True, "gpus": 1, "gpu_names": ["fake"]})
+    monkeypatch.setattr(entry.importlib.util, "find_spec", lambda name: None)  # no vllm
+    monkeypatch.setattr(runs, "make_assets", lambda work: {"model": work / "model"})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "")  # restored afterwards; main points it into the work folder
+
+    def failing(ctx, timeout_s):
+        raise runs.CheckFailed("resumed losses differ", {"resume_max_abs_diff": 0.3})
+    for name in summary.CHECKS:
+        monkeypatch.setattr(checks, name, lambda ctx, timeout_s: {"gpus": ctx.gpus})
+    monkeypatch.setattr(checks, "sft_zero3_bf16_resume", failing)
+    assert entry.main(["--work", str(tmp_path)]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    out = json.loads(lines[0])
+    assert out == json.loads((tmp_path / "summary.json").read_text())
+    assert out["ok"] is False and out["failed"] == ["sft_zero3_bf16_resume"]
+    assert out["passed"] == ["collectives", "grpo_colocated_hf", "grpo_bridge_gloo", "deepspeed_no_jit"]
+    assert out["results"]["collectives"]["figures"] == {"gpus": 1}
+    assert {n["what"] for n in out["not_covered"]} == {"grpo_colocated_vllm", "NCCL across processes",
+                                                       "sft_two_ranks_nccl", "grpo_bridge_nccl"}
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path.resolve() / "torch_extensions")

@@ -139,18 +139,18 @@ def grpo_config(ctx: Context, name: str, placement: dict, dtype: str = "bf16", *
     return config
 
 
-def run_grpo(ctx: Context, name: str, config: dict, timeout_s: float) -> tuple[list[dict], dict]:
-    """The run's step rows and figures, after checking that every sync delivered what the actor sent (each
+def run_grpo(ctx: Context, name: str, config: dict, timeout_s: float) -> dict:
+    """The run's figures, after checking that every sync delivered what the actor sent (each
     rollout rank's loaded checksum equals the sent one) and that the weights changed every step."""
     rows = [r for r in train("rl", config, ctx.work / f"{name}.yaml", ctx.work / "logs" / f"{name}.log", timeout_s)
             if "reward/mean" in r]
     sent = [r.get("sync/checksum_sent") for r in rows]
     loaded = [{k: v for k, v in r.items() if k.startswith("sync/checksum_loaded/")} for r in rows]
-    worst = max((abs(v - s) / max(abs(s), 1e-30) for s, ld in zip(sent, loaded) if s is not None
+    worst = max((abs(v - s) / max(abs(s), 1e-30) for s, ld in zip(sent, loaded, strict=True) if s is not None
                  for v in ld.values()), default=None)
     figures = {"steps": [r["step"] for r in rows], "reward_mean": [round(r["reward/mean"], 4) for r in rows],
                "actor_loss": [r.get("actor/loss") for r in rows], "checksum_max_rel_diff": worst,
-               "weight_sync_s": [round(r.get("time/weight_sync_s", float("nan")), 3) for r in rows],
+               "weight_sync_s": [round(r["time/weight_sync_s"], 3) for r in rows if "time/weight_sync_s" in r],
                "step_s": [round(r["time/step_s"], 2) for r in rows if "time/step_s" in r]}
     if any("actor/mismatch/max_abs_diff" in r for r in rows):
         figures["mismatch_max_abs_diff"] = [r.get("actor/mismatch/max_abs_diff") for r in rows]
@@ -159,14 +159,14 @@ def run_grpo(ctx: Context, name: str, config: dict, timeout_s: float) -> tuple[l
     expect(None not in sent and all(ld for ld in loaded), f"{name}: a step without sync checksums", figures)
     expect(worst <= 1e-12, f"{name}: a rollout rank loaded other weights than the actor sent", figures)
     expect(len(set(sent)) == len(sent), f"{name}: the weights did not change every step", figures)
-    return rows, figures
+    return figures
 
 
 def grpo_colocated_hf(ctx: Context, timeout_s: float) -> dict:
     """Actor, reference (KL in the reward), reward and rollout on one rank and one GPU, bf16, ZeRO-2."""
     config = grpo_config(ctx, "grpo_colocated_hf", {"colocate_all": True},
                          algo={"init_kl_coef": 0.01, "kl_estimator": "k3"})
-    return run_grpo(ctx, "grpo_colocated_hf", config, timeout_s)[1]
+    return run_grpo(ctx, "grpo_colocated_hf", config, timeout_s)
 
 
 def grpo_colocated_vllm(ctx: Context, timeout_s: float) -> dict:
@@ -177,7 +177,11 @@ def grpo_colocated_vllm(ctx: Context, timeout_s: float) -> dict:
     config = grpo_config(ctx, name, {"colocate_all": True}, dtype="fp32",
                          rollout={"engine": "vllm", "vllm_max_model_len": 64, "vllm_gpu_memory_utilization": 0.3,
                                   "vllm_sleep": True})
-    rows, figures = run_grpo(ctx, name, config, clock.left())
+    figures = run_grpo(ctx, name, config, clock.left())
+    log = (ctx.work / "logs" / f"{name}.log").read_text(errors="replace")
+    figures["vllm_fell_asleep"], figures["vllm_woke_up"] = log.count("to fall asleep"), log.count("to wake up")
+    expect(figures["vllm_fell_asleep"] > 0 and figures["vllm_woke_up"] > 0,
+           "vLLM's log shows no sleep and wake (its lines 'It took N seconds to fall asleep / to wake up')", figures)
     worst = max(figures.get("mismatch_max_abs_diff") or [float("inf")])
     expect(worst < MISMATCH_TOL, f"vLLM's log-probs differ from the trainer's by {worst} (> {MISMATCH_TOL})",
            figures)
@@ -213,7 +217,7 @@ BRIDGE_PLACEMENT = {"actor_num_ranks": 1, "rollout_num_ranks": 1, "colocate_acto
 def grpo_bridge_nccl(ctx: Context, timeout_s: float) -> dict:
     """Rank 0 (actor + reward) on GPU 0, rank 1 (rollout) on GPU 1: the weights go over NCCL."""
     config = grpo_config(ctx, "grpo_bridge_nccl", BRIDGE_PLACEMENT, launch={"backend": "nccl"})
-    return run_grpo(ctx, "grpo_bridge_nccl", config, timeout_s)[1]
+    return run_grpo(ctx, "grpo_bridge_nccl", config, timeout_s)
 
 
 def grpo_bridge_gloo(ctx: Context, timeout_s: float) -> dict:
@@ -222,7 +226,7 @@ def grpo_bridge_gloo(ctx: Context, timeout_s: float) -> dict:
     gloo has for CUDA tensors (broadcast, all-reduce)."""
     config = grpo_config(ctx, "grpo_bridge_gloo", BRIDGE_PLACEMENT, dtype="fp32", launch={"backend": "gloo"},
                          train={"zero_stage": 0})
-    return run_grpo(ctx, "grpo_bridge_gloo", config, timeout_s)[1]
+    return run_grpo(ctx, "grpo_bridge_gloo", config, timeout_s)
 
 
 def deepspeed_no_jit(ctx: Context, timeout_s: float) -> dict:

@@ -1,5 +1,6 @@
 """One rank of the collectives check: ``python -m gpu_check.collectives_probe BACKEND`` with RANK, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT set.  Rank r uses GPU r (modulo the count), joins a default group of BACKEND
+MASTER_ADDR and MASTER_PORT set.  Rank r uses GPU r (modulo the count; the CPU on a machine without CUDA,
+where the tests run it over gloo), joins a default group of BACKEND
 and a ``Bridge`` of BACKEND over every rank, sends CPU and CUDA tensors through
 ``hpc_rlhf.distributed.collectives`` and checks the sums, maxima, broadcasts and objects by hand-derived values:
 with n ranks, every rank contributing r + 1 sums to n(n + 1)/2, and 10r + 3 has the maximum 10(n - 1) + 3.
@@ -60,8 +61,10 @@ def bridge(rank: int, n: int, store: dist.Store, backend: str, device: torch.dev
 
 def main(backend: str) -> None:
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.cuda.set_device(device)
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), n, rank == 0, timeout=timeout)
     dist.init_process_group(backend, store=dist.PrefixStore("world", store), rank=rank, world_size=n,

@@ -42,8 +42,11 @@ def run(argv: list[str], log: Path, timeout_s: float, env: dict | None = None) -
 
 
 def cli(args: list[str], log: Path, timeout_s: float) -> None:
-    """``hpc-rlhf ARGS`` (``python -m hpc_rlhf.cli``, the repository on PYTHONPATH)."""
-    run([sys.executable, "-m", "hpc_rlhf.cli", *args], log, timeout_s)
+    """``hpc-rlhf ARGS`` (``python -m hpc_rlhf.cli``, the repository on PYTHONPATH) with a free MASTER_PORT: a
+    lone rank hosts its rendezvous store there, and a neighbour may hold the default 29500 (the local launcher
+    picks its ranks' port itself)."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    run([sys.executable, "-m", "hpc_rlhf.cli", *args], log, timeout_s, env)
 
 
 def train(trainer: str, config: dict, path: Path, log: Path, timeout_s: float) -> list[dict]:
