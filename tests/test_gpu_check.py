@@ -161,3 +161,16 @@ def test_on_a_one_gpu_machine_main_runs_the_plan_prints_one_line_and_fails_when_
     assert {n["what"] for n in out["not_covered"]} == {"grpo_colocated_vllm", "NCCL across processes",
                                                        "sft_two_ranks_nccl", "grpo_bridge_nccl"}
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path.resolve() / "torch_extensions")
+
+
+def test_the_wheels_for_a_gpu_machine_are_pinned_within_pyproject_and_once_each():
+    import re
+
+    from packaging.requirements import Requirement
+    text = (ROOT / "scripts" / "gpu_wheels.sh").read_text()
+    pins = dict(re.findall(r"\b([A-Za-z][\w.-]*)==([\w.]+)", text))
+    assert len(pins) == len(re.findall(r"==", text))  # one version of each
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for name in ("deepspeed", "datasets", "submitit"):
+        req = Requirement(re.search(rf'"({name}[<>=!~,.\d ]*)"', pyproject).group(1))
+        assert req.specifier and req.specifier.contains(pins[name]), (req, pins[name])
