@@ -16,6 +16,9 @@ import sys
 import threading
 import time
 
+from ..distributed.preemption import EXIT_STOPPED
+from ..distributed.rendezvous import in_slurm_step
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -25,7 +28,6 @@ def free_port() -> int:
 
 def already_launched() -> bool:
     """True when this process is one rank of a launched group (ours, torchrun's or an srun step's)."""
-    from .slurm_env import in_slurm_step
     return "RANK" in os.environ or in_slurm_step()
 
 
@@ -57,7 +59,6 @@ def launch_local(argv: list[str], nproc: int, grace_s: float = 10.0, describe=No
 
 
 def _supervise(procs: list[subprocess.Popen], grace_s: float, describe) -> int:
-    from .preemption import EXIT_STOPPED
     failed: tuple[int, int] | None = None
     try:
         while True:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from . import memory
-from .job import Component, components, is_hetjob
+from .job import JobComponent, components, is_hetjob
 from .sbatch import render
 
 
@@ -55,7 +55,7 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
     return out
 
 
-def _component_line(c: Component, width: int) -> str:
+def _component_line(c: JobComponent, width: int) -> str:
     r = c.resources
     device = f"{r.gpus_per_task} GPU + {r.cpus_per_task} CPU per task" if r.gpus_per_task else \
         f"{r.cpus_per_task} CPU per task"

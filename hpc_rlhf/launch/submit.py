@@ -22,7 +22,7 @@ from pathlib import Path
 import submitit
 from submitit.slurm import slurm as submitit_slurm
 
-from .job import Component
+from .job import JobComponent
 from .sbatch import render
 
 
@@ -41,7 +41,7 @@ class HpcRlhfJob(submitit_slurm.SlurmJob):
 class HpcRlhfExecutor(submitit.SlurmExecutor):
     job_class = HpcRlhfJob
 
-    def __init__(self, folder: str | Path, comps: list[Component], slurm_cfg, log_dir: str):
+    def __init__(self, folder: str | Path, comps: list[JobComponent], slurm_cfg, log_dir: str):
         from .plan import python_command
         # requeues are ours to decide, not submitit's; the tasks run slurm.python (or this interpreter)
         super().__init__(folder=folder, max_num_timeout=10 ** 6, python=shlex.join(python_command(slurm_cfg)))

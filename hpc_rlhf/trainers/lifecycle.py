@@ -7,9 +7,9 @@ import logging
 
 from ..checkpoint.store import latest_checkpoint, load_checkpoint
 from ..distributed.env import init_distributed, shutdown
+from ..distributed.preemption import StopRequest
+from ..distributed.rendezvous import restart_count
 from ..engines.deepspeed_strategy import configure_deepspeed_env
-from ..launch.preemption import StopRequest
-from ..launch.slurm_env import restart_count
 
 log = logging.getLogger("hpc_rlhf.lifecycle")
 

@@ -40,7 +40,7 @@ from ..distributed.weight_sync import actor_buckets, full_items, lora_items, rec
 from ..distributed.worlds import RoleContext, join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
 from ..engines.rollout import combine_checksums, tensor_part_checksum
-from ..launch.preemption import RunStopped, StopRequest, step_boundary
+from ..distributed.preemption import RunStopped, StopRequest, step_boundary
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 from .lifecycle import resume
