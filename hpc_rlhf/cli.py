@@ -50,7 +50,7 @@ def load_trainer_config(trainer: str, config_path: str | None, overrides: list[s
 def run_trainer(trainer: str, config_path: str | None, overrides: list[str]) -> dict:
     """One rank's whole run.  A run stopped by a signal (preemption, time limit) has written its
     checkpoint (and its leader has requeued the SLURM job when asked to): every rank exits with code 3."""
-    from .launch.preemption import EXIT_STOPPED, RunStopped
+    from .distributed.preemption import EXIT_STOPPED, RunStopped
     cfg, _ = load_trainer_config(trainer, config_path, overrides)
     try:
         return _import(TRAINERS[trainer][1])(cfg)
@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .launch.slurm_env import adopt_slurm_rendezvous
+    from .distributed.rendezvous import adopt_slurm_rendezvous
     adopt_slurm_rendezvous()  # inside an srun step: RANK, WORLD_SIZE, MASTER_ADDR/PORT from SLURM
     from .engines.deepspeed_strategy import configure_deepspeed_env
     configure_deepspeed_env()  # before anything imports DeepSpeed (it prints to stdout when it guesses)

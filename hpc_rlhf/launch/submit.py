@@ -64,7 +64,7 @@ class TrainTask:
 
     def __call__(self) -> dict:
         from ..cli import run_trainer, setup_logging
-        from .slurm_env import adopt_slurm_rendezvous
+        from ..distributed.rendezvous import adopt_slurm_rendezvous
         adopt_slurm_rendezvous()
         setup_logging()
         return run_trainer(self.trainer, self.config_path, self.overrides)
