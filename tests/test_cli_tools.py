@@ -36,10 +36,10 @@ def test_tiny_model_writes_a_loadable_folder(tmp_path):
 
 
 def test_options_prints_the_reference():
-    from hpc_rlhf.config import reference
+    from hpc_rlhf.commands import option_reference
     proc = _cli("options")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout == reference.render() + "\n"
+    assert proc.stdout == option_reference() + "\n"
     for key in ("model.pretrain", "model.lora_rank", "data.micro_batch_tokens", "train.zero_stage",
                 "train.adam_offload", "launch.nproc"):
         assert f"| `{key}` |" in proc.stdout
