@@ -208,9 +208,14 @@ def function_level_imports(package: Path = PACKAGE) -> list[str]:
     """``file:line name`` of every import inside a function that is not of a LAZY_THIRD_PARTY package."""
     def allowed(target: str) -> bool:
         return not target.startswith(PACKAGE.name) and target.split(".")[0] in LAZY_THIRD_PARTY
-    found = [f"{p.relative_to(package.parent)}:{line} {target}" for p in sorted(package.rglob("*.py"))
-             for line, target, lazy in imports(p, package) if lazy and not allowed(target)]
-    return list(dict.fromkeys(found))
+    found = {f"{p.relative_to(package.parent)}:{line}": target for p in sorted(package.rglob("*.py"))
+             for line, target, lazy in reversed(imports(p, package)) if lazy and not allowed(target)}
+    return [f"{where} {target}" for where, target in sorted(found.items(), key=lambda kv: _file_line(kv[0]))]
+
+
+def _file_line(where: str) -> tuple[str, int]:
+    path, line = where.rsplit(":", 1)
+    return path, int(line)
 
 
 def test_functions_import_only_heavy_optional_packages():

@@ -41,8 +41,9 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
         if plan.has(role):
             path = m.pretrain if role == "actor" else (cfg.critic_pretrain or cfg.reward.reward_pretrain or m.pretrain)
             shape = actor if path == m.pretrain else memory.model_shape(path)
-            out[role] = memory.trained(shape, m.param_dtype, t.zero_stage, len(plan.ranks_of(role)), lora and role == "actor",
-                                       t.adam_offload, t.micro_train_batch_size, seq, m.gradient_checkpointing)
+            out[role] = memory.trained(shape, m.param_dtype, t.zero_stage, len(plan.ranks_of(role)),
+                                       lora and role == "actor", t.adam_offload, t.micro_train_batch_size, seq,
+                                       m.gradient_checkpointing)
     if plan.has("reference"):
         out["reference"] = memory.frozen(memory.model_shape(cfg.ref_pretrain or m.pretrain), m.param_dtype)
     if plan.has("reward"):
