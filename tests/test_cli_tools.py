@@ -54,3 +54,14 @@ def test_config_error_exits_2_naming_the_key(tmp_path, args, needle):
     assert proc.returncode == 2, proc.stderr[-4000:]
     assert f"hpc-rlhf: config error: {needle}" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_every_row_of_the_command_table_resolves():
+    import dataclasses
+
+    from hpc_rlhf import commands
+    for name, c in commands.COMMANDS.items():
+        assert dataclasses.is_dataclass(commands.resolve(c.config)), name
+        assert callable(commands.resolve(c.run)), name
+        assert c.plan is None or callable(commands.resolve(c.plan)), name
+    assert commands.trainers() == ["dpo", "kd", "kto", "orpo", "prm", "rl", "rm", "sft", "simpo"]
