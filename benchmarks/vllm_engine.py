@@ -176,7 +176,8 @@ def weight_sync(args, root: Path, store) -> dict:
                 for _ in range(1 + args.repeats):
                     bridge.barrier()
                     t0 = time.perf_counter()
-                    send_weights(bridge, actor_buckets(full_items(model), False, torch.float32, bucket_bytes), is_leader=True)
+                    buckets = actor_buckets(full_items(model), False, torch.float32, bucket_bytes)
+                    send_weights(bridge, buckets, is_leader=True)
                     times.append(time.perf_counter() - t0)
                 send[mode] = summary(times[1:])
             got = bridge.broadcast_object(None, src=1)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hpc_rlhf"
@@ -78,3 +79,172 @@ def test_the_walk_finds_collectives_in_every_spelling(tmp_path):
     assert collective_calls(src) == ["5 dist.all_reduce", "6 d2.barrier", "7 torch.distributed.broadcast",
                                      "8 ar", "9 pg.allgather"]
     assert collective_calls(COLLECTIVES_MODULE)  # the module itself does call them
+
+
+# -- layers: the subpackage import graph ------------------------------------------------------------------
+
+# Third-party packages that a function may import, each for a reason: everything else is imported at the
+# top of its module, and no module of the package is imported inside a function.
+LAZY_THIRD_PARTY = {
+    "vllm": "the optional rollout engine (rollout.engine=vllm): its own environment, absent from the default one",
+    "deepspeed": "must come after configure_deepspeed_env (it prints to stdout when it guesses the accelerator); "
+                 "only the ranks that train need it",
+    "peft": "LoRA only (model.lora_rank > 0); 19 s to import on the 2-core test machine, after torch and "
+            "transformers",
+    "bitsandbytes": "QLoRA only (model.load_in_4bit); 8 s to import on the same machine",
+}
+# The top layer: a node may be imported by the listed nodes only (library code never imports entry points).
+TOP_LAYER = {"cli": set(), "entrypoints": {"cli"}, "commands": {"cli", "entrypoints", "launch"}}
+TABLE_REFERENCE = re.compile(r"^(hpc_rlhf(?:\.\w+)+):\w+$")  # "module:attribute", resolved with importlib
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def node_of(dotted: str) -> str | None:
+    """The graph node of a module: its subpackage, or the top-level module itself (cli, commands)."""
+    parts = dotted.split(".")
+    return parts[1] if parts[0] == PACKAGE.name and len(parts) > 1 else None
+
+
+def _imported(node: ast.AST, name: str, is_package: bool) -> list[str]:
+    """Dotted names an import statement imports (for ``from m import a``: ``m.a``, a module or an attribute)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        parts = name.split(".")[:len(name.split(".")) + is_package - node.level]
+        base = ".".join(parts + ([node.module] if node.module else []))
+    return [f"{base}.{a.name}" for a in node.names]
+
+
+def imports(path: Path, package: Path = PACKAGE) -> list[tuple[int, str, bool]]:
+    """(line, dotted name, inside a function) of every import of the module at ``path``, and of every
+    "hpc_rlhf.module:attribute" string (what a command table resolves with importlib), as imports."""
+    tree = ast.parse(path.read_text(), str(path))
+    name, is_package = module_name(path, package), path.name == "__init__.py"
+    in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    found = [(n.lineno, target, id(n) in in_function) for n in ast.walk(tree)
+             if isinstance(n, (ast.Import, ast.ImportFrom)) for target in _imported(n, name, is_package)]
+    found += [(n.lineno, m.group(1), False) for n in ast.walk(tree) if isinstance(n, ast.Constant)
+              and isinstance(n.value, str) and (m := TABLE_REFERENCE.match(n.value))]
+    return sorted(found)
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, dict[str, list[str]]]:
+    """node -> imported node -> ``file:line`` of each import, between different nodes only."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(package.rglob("*.py")):
+        here = node_of(module_name(path, package))
+        if here is None:
+            continue
+        graph.setdefault(here, {})
+        for line, target, _ in imports(path, package):
+            there = node_of(target)
+            where = f"{path.relative_to(package.parent)}:{line}"
+            if there not in (None, here) and where not in graph[here].setdefault(there, []):
+                graph[here][there].append(where)
+    return graph
+
+
+def find_cycle(graph: dict[str, dict]) -> list[str]:
+    """One cycle of the graph as [a, b, ..., a], or [] when there is none (depth-first search)."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, {})):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        stack.pop()
+        return []
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return []
+
+
+def layers(graph: dict[str, dict]) -> list[list[str]]:
+    """Nodes by layer, bottom first: a node's layer is one above the highest layer it imports."""
+    level: dict[str, int] = {}
+
+    def height(node: str) -> int:
+        if node not in level:
+            level[node] = -1  # cycles are find_cycle's to report; here they only must not recurse forever
+            level[node] = 1 + max((height(n) for n in graph.get(node, {})), default=-1)
+        return level[node]
+    for node in graph:
+        height(node)
+    return [sorted(n for n in level if level[n] == k) for k in range(max(level.values(), default=-1) + 1)]
+
+
+def describe_layers(graph: dict[str, dict]) -> str:
+    return "\n".join(f"  {k}: {' '.join(nodes)}" for k, nodes in enumerate(layers(graph)))
+
+
+def test_no_import_cycle_between_subpackages():
+    graph = import_graph()
+    cycle = find_cycle(graph)
+    steps = [f"  {a} -> {b}  ({', '.join(graph[a][b][:3])})" for a, b in zip(cycle, cycle[1:])]
+    assert not cycle, ("import cycle between subpackages:\n" + "\n".join(steps)
+                       + "\nlayers (bottom first):\n" + describe_layers(graph))
+
+
+def test_entry_points_are_imported_by_entry_points_only():
+    graph = import_graph()
+    offenders = [f"{a} imports {b} ({', '.join(graph[a][b])})" for a in sorted(graph) for b in graph[a]
+                 if b in TOP_LAYER and a not in TOP_LAYER[b]]
+    assert offenders == [], "library code imports an entry point:\n" + "\n".join(offenders)
+
+
+def function_level_imports(package: Path = PACKAGE) -> list[str]:
+    """``file:line name`` of every import inside a function that is not of a LAZY_THIRD_PARTY package."""
+    found: dict[str, str] = {}  # file:line -> the first name its import statement imports
+    for path in sorted(package.rglob("*.py")):
+        for line, target, lazy in imports(path, package):
+            if lazy and target.split(".")[0] not in LAZY_THIRD_PARTY:
+                found.setdefault(f"{path.relative_to(package.parent)}:{line}", target)
+    return [f"{where} {target}" for where, target in found.items()]
+
+
+def test_functions_import_only_heavy_optional_packages():
+    offenders = function_level_imports()
+    assert offenders == [], ("imports inside functions (move them to the top of the module; only "
+                             f"{', '.join(LAZY_THIRD_PARTY)} may be imported lazily):\n" + "\n".join(offenders))
+
+
+def test_only_the_command_table_resolves_modules_by_name():
+    # importlib.import_module / __import__ would be lazy imports that the AST walk above cannot see
+    offenders = [f"{p.relative_to(PACKAGE.parent)}:{n.lineno}" for p in modules() if p != PACKAGE / "commands.py"
+                 for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Call)
+                 and ast.unparse(n.func) in ("importlib.import_module", "import_module", "__import__")]
+    assert offenders == [], "modules imported by name outside hpc_rlhf/commands.py:\n" + "\n".join(offenders)
+
+
+def test_the_graph_walk_sees_every_kind_of_import(tmp_path):
+    pkg = tmp_path / PACKAGE.name
+    for rel, text in {"__init__.py": "", "cli.py": "from .b import x\n",
+                      "a/__init__.py": "from . import m\n", "a/m.py": "def f():\n    from ..b.n import y\n",
+                      "b/__init__.py": "", "b/n.py": "import vllm\nT = {'x': 'hpc_rlhf.a.m:f'}\n"
+                      "def g():\n    import peft\n    import yaml\n"}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    graph = import_graph(pkg)
+    assert graph == {"a": {"b": ["hpc_rlhf/a/m.py:2"]}, "b": {"a": ["hpc_rlhf/b/n.py:2"]},
+                     "cli": {"b": ["hpc_rlhf/cli.py:1"]}}
+    assert find_cycle(graph) == ["a", "b", "a"]
+    assert function_level_imports(pkg) == ["hpc_rlhf/a/m.py:2 hpc_rlhf.b.n.y", "hpc_rlhf/b/n.py:5 yaml"]
+    del graph["b"]["a"]
+    assert find_cycle(graph) == [] and layers(graph) == [["b"], ["a", "cli"]]
+
+
+if __name__ == "__main__":  # python tests/test_architecture.py: the layers of the package, bottom first
+    print(describe_layers(import_graph()))

@@ -36,10 +36,10 @@ def test_tiny_model_writes_a_loadable_folder(tmp_path):
 
 
 def test_options_prints_the_reference():
-    from hpc_rlhf.config import reference
+    from hpc_rlhf.commands import option_reference
     proc = _cli("options")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout == reference.render() + "\n"
+    assert proc.stdout == option_reference() + "\n"
     for key in ("model.pretrain", "model.lora_rank", "data.micro_batch_tokens", "train.zero_stage",
                 "train.adam_offload", "launch.nproc"):
         assert f"| `{key}` |" in proc.stdout
@@ -54,3 +54,14 @@ def test_config_error_exits_2_naming_the_key(tmp_path, args, needle):
     assert proc.returncode == 2, proc.stderr[-4000:]
     assert f"hpc-rlhf: config error: {needle}" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_every_row_of_the_command_table_resolves():
+    import dataclasses
+
+    from hpc_rlhf import commands
+    for name, c in commands.COMMANDS.items():
+        assert dataclasses.is_dataclass(commands.resolve(c.config)), name
+        assert callable(commands.resolve(c.run)), name
+        assert c.plan is None or callable(commands.resolve(c.plan)), name
+    assert commands.trainers() == ["dpo", "kd", "kto", "orpo", "prm", "rl", "rm", "sft", "simpo"]

@@ -1,6 +1,7 @@
 import pytest
 import yaml
 
+from hpc_rlhf.commands import option_reference
 from hpc_rlhf.config import ConfigError, SFTConfig, load_config
 from hpc_rlhf.config import reference
 
@@ -63,12 +64,12 @@ def test_required_and_missing_file(tmp_path):
 
 
 def test_option_reference_is_fresh():
-    assert reference.DOC_PATH.read_text() == reference.render(), \
+    assert reference.DOC_PATH.read_text() == option_reference(), \
         "docs/options.md is stale: run `hpc-rlhf options --write`"
 
 
 def test_reference_lists_every_openrlhf_name():
-    text = reference.render()
+    text = option_reference()
     for name in ["pretrain", "dataset", "dataset_probs", "eval_dataset", "input_key", "output_key",
                  "input_template", "apply_chat_template", "max_len", "max_samples", "train_batch_size",
                  "micro_train_batch_size", "learning_rate", "lr_warmup_ratio", "max_epochs", "zero_stage",
@@ -124,7 +125,8 @@ def test_registered_unit_fields_read_their_registry():
         assert load_config(RLConfig, None, RL_BASE + ["kl_estimator=k9"]).algo.kl_estimator == "k9"
     finally:
         KL_ESTIMATORS._items.pop("k9")
-    assert load_config(RLConfig, None, RL_BASE + ["is_correction=none", "loss_agg_mode=null"]).algo.loss_agg_mode is None
+    cfg = load_config(RLConfig, None, RL_BASE + ["is_correction=none", "loss_agg_mode=null"])
+    assert cfg.algo.loss_agg_mode is None
 
 
 def test_every_objective_section_names_a_registered_unit():

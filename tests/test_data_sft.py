@@ -108,7 +108,8 @@ def test_chat_output_key_string_or_list(chatml_tokenizer):
 
 
 def test_chat_template_override_and_prefix_check(chatml_tokenizer):
-    simple = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+    simple = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+              "{% if add_generation_prompt %}[assistant]{% endif %}")
     (s,) = build([{"messages": CONVO[1:3]}], chatml_tokenizer, input_key="messages", output_key=None,
                  apply_chat_template=True, tokenizer_chat_template=simple)
     assert (s.input_ids, s.loss_mask) == pieces(chatml_tokenizer, ("[user]Hi[assistant]", 0), ("Hello!", 1))

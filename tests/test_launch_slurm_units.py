@@ -13,9 +13,9 @@ from hpc_rlhf.config.rl import RLConfig
 from hpc_rlhf.config.sft import SFTConfig
 from hpc_rlhf.launch import memory
 from hpc_rlhf.launch.job import components, is_hetjob
-from hpc_rlhf.launch.preemption import NONE, STOP, STOP_AND_REQUEUE, StopRequest
+from hpc_rlhf.distributed.preemption import NONE, STOP, STOP_AND_REQUEUE, StopRequest
 from hpc_rlhf.launch.sbatch import render
-from hpc_rlhf.launch.slurm_env import expand_hostlist, in_slurm_step, rendezvous_port, slurm_rendezvous
+from hpc_rlhf.distributed.rendezvous import expand_hostlist, in_slurm_step, rendezvous_port, slurm_rendezvous
 
 
 def test_expand_hostlist():

@@ -26,7 +26,7 @@ def test_lean_logits_match_transformers(tmp_path, arch):
     seqs = [list(p) for p in prompts]
     with torch.no_grad():
         got = lean.forward(ids, pos, valid)
-        for step in range(3):
+        for _ in range(3):
             for b, seq in enumerate(seqs):  # each row alone through transformers, no padding at all
                 want = model(torch.tensor([seq])).logits[0, -1]
                 torch.testing.assert_close(got[b], want, atol=1e-5, rtol=1e-5)

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hpc_rlhf.config.sections import ModelConfig
-from hpc_rlhf.models import lora as lora_mod
+from hpc_rlhf.entrypoints.tools import add_lora_merge_args, lora_merge
 from hpc_rlhf.models.loading import (HubOfflineError, check_packing, load_causal_lm, load_tokenizer,
                                      resolve_pretrained)
 from hpc_rlhf.models.lora import merge_lora, save_lora_adapter
@@ -149,9 +149,9 @@ def test_merge_lora_matches_peft(llama, tmp_path, capsys):
     assert merged.generation_config.eos_token_id == [256, 259]
 
     parser = argparse.ArgumentParser()
-    lora_mod.add_cli_args(parser)
+    add_lora_merge_args(parser)
     args = parser.parse_args([str(adapter), str(tmp_path / "m2"), "--base", llama, "--dtype", "bf16"])
-    lora_mod.run_cli(args)
+    lora_merge(args)
     assert str(tmp_path / "m2") in capsys.readouterr().out
     m2 = AutoModelForCausalLM.from_pretrained(tmp_path / "m2")
     assert m2.dtype == torch.bfloat16

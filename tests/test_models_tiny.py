@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from hpc_rlhf.models.tiny import ARCHS, add_cli_args, build_tiny_model, count_parameters, run_cli
+from hpc_rlhf.entrypoints.tools import add_tiny_model_args, tiny_model
+from hpc_rlhf.models.tiny import ARCHS, build_tiny_model, count_parameters
 from hpc_rlhf.models.tokenizer import build_tokenizer
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=64)
@@ -92,11 +93,11 @@ def test_bad_arguments(tmp_path):
 
 def test_cli(tmp_path, capsys):
     parser = argparse.ArgumentParser()
-    add_cli_args(parser)
+    add_tiny_model_args(parser)
     args = parser.parse_args([str(tmp_path / "m"), "--arch", "mistral", "--hidden-size", "32",
                               "--layers", "1", "--heads", "2", "--intermediate-size", "48",
                               "--max-position", "32", "--seed", "5"])
-    run_cli(args)
+    tiny_model(args)
     out = capsys.readouterr().out
     # embed 260*32 + head 260*32 + attn 4*32*32 + mlp 3*32*48 + 3 norms of 32
     expected = 2 * 260 * 32 + 4 * 32 * 32 + 3 * 32 * 48 + 3 * 32

@@ -74,7 +74,8 @@ def test_rm_resumed_run_logs_the_same_losses(rm_runs):
     _check_resumed(*rm_runs[1:3])
 
 
-@pytest.mark.slow  # a 2-process run; 2 ranks == 1 at the step level is in the default suite (test_preference_objectives)
+# a 2-process run; 2 ranks == 1 at the step level is in the default suite (test_preference_objectives)
+@pytest.mark.slow
 def test_rm_two_ranks_log_the_same_run_as_one(rm_runs):
     """8 steps with ZeRO-2, one pair per micro-batch: losses, eval metrics and the stored reward statistics."""
     root, one, _, config = rm_runs

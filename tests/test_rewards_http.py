@@ -10,7 +10,8 @@ import time
 import pytest
 
 from hpc_rlhf.rewards import RemoteReward, RewardError, start_server
-from hpc_rlhf.rewards.server import add_cli_args, read_token, run_cli
+from hpc_rlhf.entrypoints.tools import add_serve_reward_args, serve_reward
+from hpc_rlhf.rewards.server import read_token
 
 REWARD_FILE = '''
 import time
@@ -142,7 +143,7 @@ def test_oversize_body_is_413_without_reading_it(token_server):
 
 def test_cli_token_from_env_or_file(reward_file, tmp_path, monkeypatch, capsys):
     parser = argparse.ArgumentParser()
-    add_cli_args(parser)
+    add_serve_reward_args(parser)
     with pytest.raises(SystemExit):  # the token is never a command-line value
         parser.parse_args(["--reward-func", str(reward_file), "--token", "x"])
     with pytest.raises(SystemExit):
@@ -157,7 +158,7 @@ def test_cli_token_from_env_or_file(reward_file, tmp_path, monkeypatch, capsys):
     args = parser.parse_args(["--reward-func", str(reward_file), "--port", "0", "--token-env", "HPC_RLHF_TEST_TOKEN"])
     stop = threading.Event()
     rc = []
-    t = threading.Thread(target=lambda: rc.append(run_cli(args, stop_event=stop)))
+    t = threading.Thread(target=lambda: rc.append(serve_reward(args, stop_event=stop)))
     t.start()
     try:
         url, out = None, ""
@@ -176,7 +177,7 @@ def test_cli_token_from_env_or_file(reward_file, tmp_path, monkeypatch, capsys):
         t.join(10)
     assert rc == [0]
     bad = parser.parse_args(["--reward-func", str(tmp_path / "missing.py"), "--port", "0"])
-    assert run_cli(bad) == 2
+    assert serve_reward(bad) == 2
 
 
 # -- client ------------------------------------------------------------------------------------------------

@@ -185,7 +185,9 @@ def test_top_k_distribution(engine):
 
 def test_top_p_keeps_smallest_set():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = lambda top_p: torch.isfinite(filter_logits(logits, SamplingParams(top_p=top_p)))[0].tolist()
+
+    def kept(top_p):
+        return torch.isfinite(filter_logits(logits, SamplingParams(top_p=top_p)))[0].tolist()
     assert kept(0.49) == [True, False, False, False]
     assert kept(0.51) == [True, True, False, False]
     assert kept(0.79) == [True, True, False, False]

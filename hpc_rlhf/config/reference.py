@@ -1,21 +1,12 @@
-"""The option reference in docs/options.md, generated from the config classes (a test keeps it fresh)."""
+"""The option reference in docs/options.md, generated from the config classes of the command table
+(`hpc_rlhf.commands.option_reference`; a test keeps it fresh)."""
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
 from .base import _type_name, allowed_values, leaf_paths
-from .preference import DPOConfig, KDConfig, KTOConfig, ORPOConfig, PRMConfig, RMConfig, SimPOConfig
-from .rl import RLConfig
-from .sft import SFTConfig
 
-COMMANDS: dict[str, type] = {"train sft": SFTConfig, "train rl": RLConfig, "train rm": RMConfig,
-                             "train dpo": DPOConfig, "train kto": KTOConfig, "train simpo": SimPOConfig,
-                             "train orpo": ORPOConfig, "train prm": PRMConfig, "train kd": KDConfig}
-# The pipeline commands (docs/pipelines.md).
-from .pipelines import GenerateConfig, IterativeDPOConfig, ScoreConfig  # noqa: E402
-
-COMMANDS.update({"generate": GenerateConfig, "score": ScoreConfig, "iterative-dpo": IterativeDPOConfig})
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "options.md"
 
 
@@ -38,7 +29,8 @@ def option_table(cls: type) -> str:
     return "\n".join(rows)
 
 
-def render() -> str:
+def render(commands: dict[str, type]) -> str:
+    """The reference document: one option table per command (name -> its config class)."""
     parts = ["# Option reference", "",
              "Generated from the config classes by `hpc-rlhf options --write`; do not edit by hand.", "",
              "Set options in a YAML file (nested by section, e.g. `train: {learning_rate: 1e-5}`) and/or on "
@@ -46,12 +38,12 @@ def render() -> str:
              "unique, the bare name: `train.learning_rate=1e-5`, `learning_rate=1e-5` and "
              "`--learning_rate 1e-5` are the same.  Lists take commas: `dataset=a.jsonl,b.jsonl`.  "
              "Unknown keys and invalid values are errors.", ""]
-    for command, cls in COMMANDS.items():
+    for command, cls in commands.items():
         parts += [f"## `hpc-rlhf {command}`", "", option_table(cls), ""]
     return "\n".join(parts)
 
 
-def write(path: Path = DOC_PATH) -> Path:
+def write(text: str, path: Path = DOC_PATH) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render())
+    path.write_text(text)
     return path

@@ -2,6 +2,14 @@
 from __future__ import annotations
 
 import torch
+from transformers import AutoModelForCausalLM
+
+from ..config.preference import PairDataConfig
+from ..data.packing import collate_padded
+from ..data.preference import load_pairs
+from ..models.loading import load_tokenizer
+from ..rewards.model import RewardModelScorer
+from ..trainers.objectives.common import sequence_logps
 
 
 @torch.no_grad()
@@ -29,8 +37,6 @@ def exact_match_accuracy(model, tokenizer, rows: list[dict]) -> float:
 
 def load_heldout_pairs(path, tokenizer) -> list:
     """Held-out pairs tokenized exactly as the preference trainers tokenize them (prompt + response + EOS)."""
-    from ..config.preference import PairDataConfig
-    from ..data.preference import load_pairs
     pairs, _, _ = load_pairs(PairDataConfig(dataset=[str(path)], max_len=32, bad_rows="error"), tokenizer, seed=0)
     return pairs
 
@@ -38,8 +44,6 @@ def load_heldout_pairs(path, tokenizer) -> list:
 @torch.no_grad()
 def response_logps(model, samples: list, pad_id: int, batch_size: int = 256) -> torch.Tensor:
     """Summed log-probs of the response tokens of each sample (the trainers' `sequence_logps`)."""
-    from ..data.packing import collate_padded
-    from ..trainers.objectives.common import sequence_logps
     model.eval()
     out = []
     for i in range(0, len(samples), batch_size):
@@ -49,8 +53,6 @@ def response_logps(model, samples: list, pad_id: int, batch_size: int = 256) -> 
 
 def implicit_reward_pair_accuracy(policy_dir, ref_dir, pairs_path) -> dict:
     """Fraction of pairs whose implicit reward log π − log π_ref (β > 0 scales both) is larger for chosen."""
-    from transformers import AutoModelForCausalLM
-    from ..models.loading import load_tokenizer
     tokenizer = load_tokenizer(str(policy_dir))
     pairs = load_heldout_pairs(pairs_path, tokenizer)
     pad = tokenizer.pad_token_id
@@ -65,8 +67,6 @@ def implicit_reward_pair_accuracy(policy_dir, ref_dir, pairs_path) -> dict:
 
 def reward_model_pair_accuracy(rm_dir, pairs_path) -> dict:
     """Fraction of pairs the reward model scores chosen above rejected (scored as `train rl` scores)."""
-    from ..models.loading import load_tokenizer
-    from ..rewards.model import RewardModelScorer
     tokenizer = load_tokenizer(str(rm_dir))
     pairs = load_heldout_pairs(pairs_path, tokenizer)
     scorer = RewardModelScorer(rm_dir, batch_size=256)

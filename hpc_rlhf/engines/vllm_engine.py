@@ -23,8 +23,10 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from .rollout import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, combine_checksums, \
     tensor_part_checksum
@@ -180,9 +182,6 @@ class VllmEngine(RolloutEngine):
 
 
 def _folder_checksums(model_path: str) -> dict[str, float]:
-    from pathlib import Path
-
-    from safetensors import safe_open
     parts: dict[str, float] = {}
     for f in sorted(Path(model_path).glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:

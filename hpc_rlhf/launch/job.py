@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config.slurm import SlurmConfig
+from ..distributed.placement import Component
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,22 @@ class Resources:
 
 
 @dataclass(frozen=True)
-class Component:
-    name: str
-    roles: tuple[str, ...]
-    first_rank: int
-    ntasks: int
+class JobComponent:
+    """One component of the job: a role group of the placement (its ranks are the tasks) and its resources."""
+    placement: Component
     resources: Resources
+
+    @property
+    def name(self) -> str:
+        return self.placement.name
+
+    @property
+    def first_rank(self) -> int:
+        return self.placement.first_rank
+
+    @property
+    def ntasks(self) -> int:
+        return self.placement.size
 
 
 def resources_for(slurm: SlurmConfig, role: str) -> Resources:
@@ -57,15 +68,13 @@ def resources_for(slurm: SlurmConfig, role: str) -> Resources:
                      partition=pick(over.partition, slurm.partition), constraint=pick(over.constraint, base.constraint))
 
 
-def components(cfg, plan=None) -> list[Component]:
+def components(cfg, plan=None) -> list[JobComponent]:
     """The job's components for a trainer config; ``plan``: its placement plan when it has one."""
-    if plan is None:
-        return [Component("train", ("actor",), 0, cfg.launch.nproc, resources_for(cfg.slurm, "actor"))]
-    return [Component(c.name, c.roles, c.first_rank, c.size, resources_for(cfg.slurm, c.roles[0]))
-            for c in plan.components]
+    groups = plan.components if plan is not None else (Component("train", ("actor",), 0, cfg.launch.nproc),)
+    return [JobComponent(c, resources_for(cfg.slurm, c.roles[0])) for c in groups]
 
 
-def is_hetjob(comps: list[Component], mode: str) -> bool:
+def is_hetjob(comps: list[JobComponent], mode: str) -> bool:
     if mode == "always":
         return True
     if mode == "never" or len(comps) == 1:

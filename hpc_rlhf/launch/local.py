@@ -16,11 +16,12 @@ import threading
 import time
 
 from ..distributed.env import free_port
+from ..distributed.preemption import EXIT_STOPPED
+from ..distributed.rendezvous import in_slurm_step
 
 
 def already_launched() -> bool:
     """True when this process is one rank of a launched group (ours, torchrun's or an srun step's)."""
-    from .slurm_env import in_slurm_step
     return "RANK" in os.environ or in_slurm_step()
 
 
@@ -52,7 +53,6 @@ def launch_local(argv: list[str], nproc: int, grace_s: float = 10.0, describe=No
 
 
 def _supervise(procs: list[subprocess.Popen], grace_s: float, describe) -> int:
-    from .preemption import EXIT_STOPPED
     failed: tuple[int, int] | None = None
     try:
         while True:

@@ -17,6 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from ..models.loading import resolve_pretrained
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -29,10 +34,6 @@ class ModelShape:
 
 def model_shape(pretrain: str) -> ModelShape:
     """Parameter count and dimensions from the model's config, on the meta device (no weights read)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from ..models.loading import resolve_pretrained
     cfg = AutoConfig.from_pretrained(resolve_pretrained(pretrain))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)

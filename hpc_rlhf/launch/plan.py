@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from . import memory
-from .job import Component, components, is_hetjob
+from .job import JobComponent, components, is_hetjob
 from .sbatch import render
 
 
@@ -41,8 +41,9 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
         if plan.has(role):
             path = m.pretrain if role == "actor" else (cfg.critic_pretrain or cfg.reward.reward_pretrain or m.pretrain)
             shape = actor if path == m.pretrain else memory.model_shape(path)
-            out[role] = memory.trained(shape, m.param_dtype, t.zero_stage, len(plan.ranks_of(role)), lora and role == "actor",
-                                       t.adam_offload, t.micro_train_batch_size, seq, m.gradient_checkpointing)
+            out[role] = memory.trained(shape, m.param_dtype, t.zero_stage, len(plan.ranks_of(role)),
+                                       lora and role == "actor", t.adam_offload, t.micro_train_batch_size, seq,
+                                       m.gradient_checkpointing)
     if plan.has("reference"):
         out["reference"] = memory.frozen(memory.model_shape(cfg.ref_pretrain or m.pretrain), m.param_dtype)
     if plan.has("reward"):
@@ -55,7 +56,7 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
     return out
 
 
-def _component_line(c: Component, width: int) -> str:
+def _component_line(c: JobComponent, width: int) -> str:
     r = c.resources
     device = f"{r.gpus_per_task} GPU + {r.cpus_per_task} CPU per task" if r.gpus_per_task else \
         f"{r.cpus_per_task} CPU per task"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 
 from ..config.slurm import SlurmConfig
-from .job import Component, is_hetjob
+from .job import JobComponent, is_hetjob
 
 
 def _header(slurm: SlurmConfig, log_dir: str) -> list[str]:
@@ -28,7 +28,7 @@ def _header(slurm: SlurmConfig, log_dir: str) -> list[str]:
     return lines
 
 
-def _allocation(comps: list[Component], slurm: SlurmConfig, log_dir: str, het: bool) -> list[str]:
+def _allocation(comps: list[JobComponent], slurm: SlurmConfig, log_dir: str, het: bool) -> list[str]:
     out: list[str] = []
     if het:
         per_component = [f"--time={slurm.time}"]
@@ -57,7 +57,7 @@ def _task_cpus(n: int) -> str:
     return f"--cpus-per-task={n} --export=ALL,OMP_NUM_THREADS={n}"
 
 
-def render(comps: list[Component], slurm: SlurmConfig, command: list[str], log_dir: str) -> str:
+def render(comps: list[JobComponent], slurm: SlurmConfig, command: list[str], log_dir: str) -> str:
     """The job script; ``command`` is what every task runs (argv, quoted here)."""
     het = is_hetjob(comps, slurm.hetjob)
     cmd = " ".join(shlex.quote(a) for a in command)

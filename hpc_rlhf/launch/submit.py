@@ -22,7 +22,10 @@ from pathlib import Path
 import submitit
 from submitit.slurm import slurm as submitit_slurm
 
-from .job import Component
+from .. import commands
+from ..distributed.rendezvous import adopt_slurm_rendezvous
+from .job import JobComponent, components
+from .plan import python_command
 from .sbatch import render
 
 
@@ -41,8 +44,7 @@ class HpcRlhfJob(submitit_slurm.SlurmJob):
 class HpcRlhfExecutor(submitit.SlurmExecutor):
     job_class = HpcRlhfJob
 
-    def __init__(self, folder: str | Path, comps: list[Component], slurm_cfg, log_dir: str):
-        from .plan import python_command
+    def __init__(self, folder: str | Path, comps: list[JobComponent], slurm_cfg, log_dir: str):
         # requeues are ours to decide, not submitit's; the tasks run slurm.python (or this interpreter)
         super().__init__(folder=folder, max_num_timeout=10 ** 6, python=shlex.join(python_command(slurm_cfg)))
         self.comps, self.slurm_cfg, self.log_dir = comps, slurm_cfg, log_dir
@@ -63,23 +65,21 @@ class TrainTask:
     overrides: list[str] = field(default_factory=list)
 
     def __call__(self) -> dict:
-        from ..cli import run_trainer, setup_logging
-        from .slurm_env import adopt_slurm_rendezvous
         adopt_slurm_rendezvous()
-        setup_logging()
-        return run_trainer(self.trainer, self.config_path, self.overrides)
+        commands.setup_logging()
+        name = commands.TRAIN + self.trainer
+        return commands.run(name, commands.load_config(name, self.config_path, self.overrides))
 
 
 def submit(trainer: str, config_path: str | None, overrides: list[str] | None = None,
            folder: str | Path | None = None) -> HpcRlhfJob:
     """Submit `hpc-rlhf train TRAINER` with the config's `slurm` section; returns the submitit job."""
-    from ..cli import load_trainer_config
     overrides = list(overrides or [])
-    cfg, plan = load_trainer_config(trainer, config_path, overrides)
-    from .job import components
+    name = commands.TRAIN + trainer
+    cfg = commands.load_config(name, config_path, overrides)
     log_dir = str(Path(cfg.slurm.log_dir).resolve())
     Path(log_dir).mkdir(parents=True, exist_ok=True)  # sbatch opens LOG_DIR/JOBID.out before the script runs
     folder = Path(folder or Path(log_dir) / "submitit")
     config_path = str(Path(config_path).resolve()) if config_path else None
-    executor = HpcRlhfExecutor(folder, components(cfg, plan), cfg.slurm, log_dir)
+    executor = HpcRlhfExecutor(folder, components(cfg, commands.placement_plan(name, cfg)), cfg.slurm, log_dir)
     return executor.submit(TrainTask(trainer, config_path, overrides))

@@ -12,6 +12,8 @@ import logging
 import math
 from pathlib import Path
 
+from torch.utils.tensorboard import SummaryWriter
+
 log = logging.getLogger(__name__)
 
 
@@ -28,7 +30,6 @@ class MetricsLogger:
         set_aside_later_rows(path, start_step)
         self._jsonl = open(path, "a", buffering=1)
         if use_tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
             self._tb = SummaryWriter(log_dir=str(root / "tensorboard"))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 import time
 
+from tqdm import tqdm
+
 
 class Progress:
     def __init__(self, total: int, start: int, enabled: bool, mode: str = "auto", desc: str = "train"):
@@ -12,7 +14,6 @@ class Progress:
         self._bar = None
         use_bar = mode == "on" or (mode == "auto" and sys.stderr.isatty())
         if enabled and use_bar:
-            from tqdm import tqdm
             self._bar = tqdm(total=total, initial=start, desc=desc, dynamic_ncols=True)
 
     def eta_s(self, step: int) -> float:

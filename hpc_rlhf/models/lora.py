@@ -1,15 +1,15 @@
 """Save LoRA adapters and merge them into their base model (``hpc-rlhf lora-merge``)."""
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .loading import resolve_pretrained
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def save_lora_adapter(peft_model, out_dir, tokenizer=None) -> Path:
@@ -35,9 +35,7 @@ def _adapter_base(adapter_dir: Path) -> str | None:
 def merge_lora(adapter_dir, out_dir, base: str | None = None, dtype: str = "fp32") -> Path:
     """Load the base model, apply the adapter in ``adapter_dir``, merge it and save a plain HF model."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if dtype not in _DTYPES:
+    if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: choose fp32 or bf16")
     adapter_dir = Path(adapter_dir)
     if not adapter_dir.is_dir():
@@ -47,7 +45,7 @@ def merge_lora(adapter_dir, out_dir, base: str | None = None, dtype: str = "fp32
         raise ValueError(f"{adapter_dir}/adapter_config.json names no base model: pass --base PATH")
     _adapter_base(adapter_dir)  # fails clearly when adapter_config.json is missing, even with --base
     base = resolve_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=_DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=DTYPES[dtype])
     merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -55,18 +53,3 @@ def merge_lora(adapter_dir, out_dir, base: str | None = None, dtype: str = "fp32
     tok_src = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base
     AutoTokenizer.from_pretrained(str(tok_src)).save_pretrained(out)
     return out
-
-
-def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``hpc-rlhf lora-merge ADAPTER_DIR OUT [--base PATH] [--dtype fp32|bf16]``."""
-    parser.add_argument("adapter_dir", help="folder holding adapter_config.json and the adapter weights")
-    parser.add_argument("out", help="folder to write the merged model to")
-    parser.add_argument("--base", default=None,
-                        help="base model folder (default: base_model_name_or_path of the adapter config)")
-    parser.add_argument("--dtype", choices=tuple(_DTYPES), default="fp32", help="dtype of the merged weights")
-
-
-def run_cli(args: argparse.Namespace) -> None:
-    """Merge ``args.adapter_dir`` into its base and print where the merged model went."""
-    out = merge_lora(args.adapter_dir, args.out, base=args.base, dtype=args.dtype)
-    print(f"merged {args.adapter_dir} into {out}")

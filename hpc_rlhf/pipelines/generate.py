@@ -15,10 +15,13 @@ from ..config.pipelines import GenDataConfig, GenerateConfig, GenSamplingConfig
 from ..data.prompts import build_prompts
 from ..data.rows import BadRows, DataError
 from ..data.sources import load_source
+from ..distributed.env import shutdown
 from ..engines.factory import make_engine
 from ..engines.rollout import SamplingParams
 from ..engines.seeds import sample_seed
-from .common import PartWriter, device, join
+from ..models.loading import load_tokenizer, resolve_pretrained
+from ..roles.rollout import stop_token_ids
+from .common import PartWriter, device, join, shard_bounds
 
 log = logging.getLogger("hpc_rlhf.generate")
 
@@ -69,11 +72,6 @@ def sampling_params(s: GenSamplingConfig, stop_ids: list[int]) -> SamplingParams
 
 
 def run_generate(cfg: GenerateConfig) -> dict:
-    from ..distributed.env import shutdown
-    from ..models.loading import load_tokenizer, resolve_pretrained
-    from ..roles.rollout import stop_token_ids
-    from .common import shard_bounds
-
     de = join(cfg.launch.backend)
     try:
         t0 = time.time()

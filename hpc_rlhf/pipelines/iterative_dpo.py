@@ -27,9 +27,12 @@ from pathlib import Path
 
 import yaml
 
-from ..config.pipelines import IterativeDPOConfig
+from ..config import load_config
+from ..config.pipelines import GenerateConfig, IterativeDPOConfig, ScoreConfig
 from .builders import best_worst_pairs
 from .common import read_jsonl, write_jsonl
+from .generate import run_generate
+from .score import run_score
 
 log = logging.getLogger("hpc_rlhf.iterative_dpo")
 
@@ -57,10 +60,6 @@ def _run_stage(argv: list[str], rdir: Path, name: str) -> None:
 def _run_local(argv: list[str], rdir: Path, name: str) -> None:
     """A one-rank generate/score stage in this process (no process group, nothing left behind); the
     command is still recorded in commands.txt."""
-    from ..config import load_config
-    from ..config.pipelines import GenerateConfig, ScoreConfig
-    from .generate import run_generate
-    from .score import run_score
     with (rdir / "commands.txt").open("a") as f:
         f.write(shlex.join(["hpc-rlhf", *argv]) + "\n")
     cls, run = {"generate": (GenerateConfig, run_generate), "score": (ScoreConfig, run_score)}[argv[0]]

@@ -9,6 +9,10 @@ import logging
 import time
 
 from ..config.pipelines import RewardModelConfig, ScoreConfig
+from ..data.rows import DataError
+from ..distributed.env import shutdown
+from ..models.loading import load_tokenizer, resolve_pretrained
+from ..rewards.model import RewardModelScorer
 from .common import PartWriter, device, join, read_jsonl, shard_bounds
 
 log = logging.getLogger("hpc_rlhf.score")
@@ -22,16 +26,11 @@ def encode_for_reward(tokenizer, prompt: str, response: str, append_eos: bool = 
 
 
 def make_scorer(cfg: RewardModelConfig, dev):
-    from ..rewards.model import RewardModelScorer
     return RewardModelScorer(cfg.reward_pretrain, dtype=cfg.reward_dtype, device=str(dev),
                              batch_size=cfg.reward_batch_size, normalize=cfg.normalize_reward)
 
 
 def run_score(cfg: ScoreConfig) -> dict:
-    from ..data.rows import DataError
-    from ..distributed.env import shutdown
-    from ..models.loading import load_tokenizer, resolve_pretrained
-
     de = join(cfg.launch.backend)
     try:
         t0 = time.time()

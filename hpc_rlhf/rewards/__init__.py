@@ -3,7 +3,7 @@
 * :class:`RewardFunction`: a Python file's ``reward_func`` (batched, per-batch timeout, failure accounting).
 * :func:`start_server` / ``hpc-rlhf serve-reward``: serve a reward function over HTTP.
 * :class:`RemoteReward`: score on one or more reward servers (concurrent batches, round robin, retries).
-* :class:`RewardModelScorer`: a sequence-classification reward model (imported lazily: loads transformers).
+* :class:`RewardModelScorer`: a sequence-classification reward model.
 * :mod:`.shaping`: combine sources, running normalisation, clipping, DAPO overlong and truncation penalties.
 
 Every source returns a :class:`RewardBatch`; samples whose reward failed have ``valid`` False (reward NaN).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .client import RemoteReward
 from .function import RewardFunction
+from .model import RewardModelScorer
 from .reward_file import load_reward_function
 from .server import ServerHandle, start_server
 from .shaping import (RunningMoments, clip_rewards, combine, normalize_rewards, overlong_penalty,
@@ -24,9 +25,3 @@ __all__ = [
     "clip_rewards", "overlong_penalty", "truncation_penalty",
 ]
 
-
-def __getattr__(name):
-    if name == "RewardModelScorer":
-        from .model import RewardModelScorer
-        return RewardModelScorer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 
 import torch
+from transformers import AutoModelForSequenceClassification
+
+from ..models.loading import resolve_pretrained
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _HEAD_NAMES = ("score", "classifier", "v_head")
@@ -25,10 +28,6 @@ class RewardModelScorer:
 
     def __init__(self, path, dtype: str = "fp32", device: str = "cpu", batch_size: int = 16,
                  normalize: bool = True):
-        from transformers import AutoModelForSequenceClassification
-
-        from ..models.loading import resolve_pretrained
-
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(_DTYPES)}")
         if batch_size < 1:

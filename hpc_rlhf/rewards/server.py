@@ -20,15 +20,12 @@ called from several threads at once and must be thread-safe.
 """
 from __future__ import annotations
 
-import argparse
 import hmac
 import json
 import logging
 import math
 import os
-import signal
 import stat
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -236,54 +233,3 @@ def read_token(token_env: str | None = None, token_file: str | None = None) -> s
             raise ValueError(f"token file {token_file} is empty")
         return token
     return None
-
-
-def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``hpc-rlhf serve-reward``."""
-    parser.add_argument("--reward-func", required=True, metavar="FILE",
-                        help="Python file defining reward_func(queries, prompts, labels)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to bind (default 127.0.0.1; use 0.0.0.0 to serve other nodes, with a token)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = a free one)")
-    tok = parser.add_mutually_exclusive_group()
-    tok.add_argument("--token-env", metavar="NAME", help="require this environment variable's value as bearer token")
-    tok.add_argument("--token-file", metavar="PATH", help="require this file's content as bearer token")
-    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
-                        help="refuse larger request bodies with 413")
-    parser.add_argument("--batch-size", type=int, default=64, help="samples per reward_func call")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds one reward_func call may take before its samples count as failed (0 = none)")
-
-
-def run_cli(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
-    """Serve until SIGINT/SIGTERM (or until ``stop_event`` is set); print the URL on stdout first."""
-    try:
-        token = read_token(getattr(args, "token_env", None), getattr(args, "token_file", None))
-    except ValueError as e:
-        print(f"hpc-rlhf serve-reward: {e}", file=sys.stderr)
-        return 2
-    try:
-        handle = start_server(args.reward_func, host=args.host, port=args.port, token=token,
-                              max_request_bytes=args.max_request_bytes, batch_size=args.batch_size,
-                              timeout_s=getattr(args, "timeout", 60.0) or None)
-    except RewardError as e:
-        print(f"hpc-rlhf serve-reward: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"hpc-rlhf serve-reward: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
-        return 2
-    stop = stop_event or threading.Event()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
-    print(f"serving {args.reward_func} at {handle.url} (POST /score, GET /health"
-          f"{', bearer token required' if token else ''})", flush=True)
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        handle.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from transformers import AutoModelForSequenceClassification
 
 from ..algorithms.rl_algorithm import RLAlgorithm
 from ..config.rl import RLConfig
@@ -12,7 +13,6 @@ from .training import optimizer_steps, per_sample, run_optimizer_step
 
 
 def load_value_model(path: str, dtype: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
-    from transformers import AutoModelForSequenceClassification
     model = AutoModelForSequenceClassification.from_pretrained(
         resolve_pretrained(path), num_labels=1, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
     if model.config.pad_token_id is None:

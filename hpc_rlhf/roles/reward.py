@@ -7,6 +7,9 @@ from typing import Callable
 import torch
 
 from ..config.rl import RLConfig
+from ..rewards.client import RemoteReward
+from ..rewards.function import RewardFunction
+from ..rewards.model import RewardModelScorer
 from ..rewards.shaping import clip_rewards, combine, overlong_penalty
 from ..rewards.types import RewardBatch
 from .experience import Experience
@@ -34,15 +37,12 @@ class RewardRole:
         self.cfg = cfg
         self.sources: list[tuple[str, Callable[[list[Experience]], RewardBatch]]] = []
         if r.reward_pretrain:
-            from ..rewards.model import RewardModelScorer
             self.sources.append(("model", _on_tokens(RewardModelScorer(
                 r.reward_pretrain, dtype=cfg.model.param_dtype, device=str(device), batch_size=r.reward_batch_size))))
         if r.reward_func:
-            from ..rewards.function import RewardFunction
             self.sources.append(("func", _on_text(RewardFunction(r.reward_func, batch_size=r.reward_batch_size,
                                                                  timeout_s=r.reward_timeout_s))))
         if r.remote_rm_url:
-            from ..rewards.client import RemoteReward
             token = os.environ.get(r.remote_rm_token_env) if r.remote_rm_token_env else None
             self.sources.append(("remote", _on_text(RemoteReward(r.remote_rm_url, token=token,
                                                                  timeout_s=r.reward_timeout_s,

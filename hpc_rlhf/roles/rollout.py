@@ -1,15 +1,18 @@
 """The rollout role: turns the step's prompt shard into samples with the generation engine."""
 from __future__ import annotations
 
+from transformers import GenerationConfig
+
 from ..config.rl import RLConfig
 from ..data.prompts import Prompt
+from ..engines.factory import make_engine as build
 from ..engines.rollout import SamplingParams
 from ..engines.seeds import sample_seed
+from ..models.loading import resolve_pretrained
 from .experience import Experience
 
 
 def make_engine(cfg: RLConfig, device):
-    from ..engines.factory import make_engine as build
     r = cfg.rollout
     return build(r, cfg.model.pretrain, cfg.model.param_dtype, device, r.max_batch_size, seed=cfg.train.seed,
                  sleep=r.vllm_sleep, track_checksums=cfg.log.check_weight_sync)
@@ -17,9 +20,6 @@ def make_engine(cfg: RLConfig, device):
 
 def stop_token_ids(pretrain: str, tokenizer) -> list[int]:
     """The tokenizer's eos and every eos id of the model's generation config (e.g. an end-of-turn token)."""
-    from transformers import GenerationConfig
-
-    from ..models.loading import resolve_pretrained
     ids = {tokenizer.eos_token_id}
     try:
         eos = GenerationConfig.from_pretrained(resolve_pretrained(pretrain)).eos_token_id

@@ -1,16 +1,17 @@
 """What every trainer does around its loop: join the world with the stop signals armed (``run_in_world`` for
-the data-parallel trainers, ``run_in_roles`` for the RL run's role worlds), and start from the newest committed checkpoint when asked to resume or when SLURM
-requeued the job (a restarted job must not begin again from step 0)."""
+the data-parallel trainers, ``run_in_roles`` for the RL run's role worlds), and start from the newest
+committed checkpoint when asked to resume or when SLURM requeued the job (a restarted job must not begin
+again from step 0)."""
 from __future__ import annotations
 
 import logging
 
 from ..checkpoint.store import latest_checkpoint, load_checkpoint
 from ..distributed.env import init_distributed, shutdown
+from ..distributed.preemption import RunStopped, StopRequest
+from ..distributed.rendezvous import restart_count
 from ..distributed.worlds import join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
-from ..launch.preemption import RunStopped, StopRequest
-from ..launch.slurm_env import restart_count
 
 log = logging.getLogger("hpc_rlhf.lifecycle")
 

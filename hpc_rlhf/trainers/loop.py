@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..launch.preemption import step_boundary
+from ..distributed.preemption import step_boundary
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 

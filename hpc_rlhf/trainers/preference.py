@@ -22,7 +22,7 @@ from ..data.batching import EpochSampler
 from ..distributed.collectives import barrier
 from ..distributed.env import DistEnv, device_for
 from ..engines.deepspeed_strategy import build_engine
-from ..launch.preemption import StopRequest, step_boundary
+from ..distributed.preemption import StopRequest, step_boundary
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 from ..models.loading import load_tokenizer, resolve_pretrained

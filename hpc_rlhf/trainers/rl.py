@@ -37,7 +37,7 @@ from ..distributed.collectives import sum_over_ranks
 from ..distributed.env import device_for, read_env
 from ..distributed.placement import PlacementPlan, make_plan
 from ..distributed.worlds import RoleContext
-from ..launch.preemption import StopRequest
+from ..distributed.preemption import StopRequest
 from ..models.loading import load_tokenizer, resolve_pretrained
 from ..rewards.shaping import RunningMoments, normalize_rewards
 from ..roles import build_roles

@@ -18,7 +18,7 @@ from ..data.sft import Sample, load_sft_data
 from ..distributed.collectives import MAX, barrier, sum_values
 from ..distributed.env import DistEnv, device_for
 from ..engines.deepspeed_strategy import build_engine
-from ..launch.preemption import StopRequest, step_boundary
+from ..distributed.preemption import StopRequest, step_boundary
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 from ..models.loading import check_packing, load_causal_lm, load_tokenizer, resolve_pretrained

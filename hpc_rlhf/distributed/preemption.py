@@ -7,7 +7,7 @@ write a checkpoint, then (``stop_after_checkpoint``) the leader asks SLURM to re
 the signal was one of the requeue signals (the time-limit warning of ``sbatch --signal``), all ranks
 wait for it, and every rank raises ``RunStopped``.  The requeue comes before any rank exits because
 srun --kill-on-bad-exit ends the whole step as soon as one rank leaves with a non-zero code.  The
-command line entry point turns ``RunStopped`` into exit code ``EXIT_STOPPED``.  SLURM requeues a
+command table (``hpc_rlhf.commands.run``) turns ``RunStopped`` into exit code ``EXIT_STOPPED``.  SLURM requeues a
 preempted job on its own after its SIGTERM.
 """
 from __future__ import annotations

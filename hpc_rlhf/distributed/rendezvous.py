@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import re
 
+import torch
+
 PORT_BASE, PORT_SPAN = 20000, 20000
 
 
@@ -78,6 +80,5 @@ def adopt_slurm_rendezvous() -> bool:
     values = slurm_rendezvous()
     os.environ.update(values)
     if "OMP_NUM_THREADS" in values:
-        import torch
         torch.set_num_threads(int(values["OMP_NUM_THREADS"]))
     return True

@@ -1,0 +1,101 @@
+"""The command table: every config-driven command of `hpc-rlhf`, read by the CLI (its subcommands), the
+option reference (docs/options.md) and the SLURM submission (`launch/submit.py`).
+
+A command names its config class and its run function as "module:attribute" strings, imported when the
+command runs: reading the table imports no trainer.  Adding a trainer or a pipeline is one row here.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+from .config import load_config as parse_config
+from .config import reference
+from .distributed.preemption import EXIT_STOPPED, RunStopped
+
+TRAIN = "train "  # the trainers' commands: `hpc-rlhf train NAME`, also planned and submitted to SLURM
+
+
+@dataclass(frozen=True)
+class Command:
+    config: str  # the config class, "module:Class"
+    run: str  # the run function, "module:function": takes the config, returns the run's summary
+    plan: str | None = None  # "module:function" of the placement plan: ranks come from it, not launch.nproc
+    driver: bool = False  # one process that starts its stages itself; yields one summary row per stage
+    prints_summary: bool = False  # the main rank prints the run's summary as one JSON line
+    help: str = ""
+
+
+_PREFERENCE = "hpc_rlhf.trainers.preference:run_preference"
+COMMANDS: dict[str, Command] = {
+    "train sft": Command("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.sft:run_sft"),
+    "train rl": Command("hpc_rlhf.config.rl:RLConfig", "hpc_rlhf.trainers.rl:run_rl",
+                        plan="hpc_rlhf.trainers.rl:plan_from_config"),
+    "train rm": Command("hpc_rlhf.config.preference:RMConfig", _PREFERENCE),
+    "train dpo": Command("hpc_rlhf.config.preference:DPOConfig", _PREFERENCE),
+    "train kto": Command("hpc_rlhf.config.preference:KTOConfig", _PREFERENCE),
+    "train simpo": Command("hpc_rlhf.config.preference:SimPOConfig", _PREFERENCE),
+    "train orpo": Command("hpc_rlhf.config.preference:ORPOConfig", _PREFERENCE),
+    "train prm": Command("hpc_rlhf.config.preference:PRMConfig", _PREFERENCE),
+    "train kd": Command("hpc_rlhf.config.preference:KDConfig", _PREFERENCE),
+    # the pipelines (docs/pipelines.md)
+    "generate": Command("hpc_rlhf.config.pipelines:GenerateConfig", "hpc_rlhf.pipelines.generate:run_generate",
+                        prints_summary=True,
+                        help="sample responses for a prompt set into a jsonl file (sharded over ranks)"),
+    "score": Command("hpc_rlhf.config.pipelines:ScoreConfig", "hpc_rlhf.pipelines.score:run_score",
+                     prints_summary=True,
+                     help="add reward-model scores to the rows of a jsonl file (sharded over ranks)"),
+    "iterative-dpo": Command("hpc_rlhf.config.pipelines:IterativeDPOConfig",
+                             "hpc_rlhf.pipelines.iterative_dpo:run_iterative_dpo", driver=True,
+                             help="rounds of generate -> score -> best/worst pairs -> train dpo"),
+}
+
+
+def trainers() -> list[str]:
+    """The NAMEs of `hpc-rlhf train NAME`, sorted."""
+    return sorted(name[len(TRAIN):] for name in COMMANDS if name.startswith(TRAIN))
+
+
+def resolve(spec: str):
+    """The attribute a "module:attribute" string names, its module imported."""
+    module, attr = spec.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def load_config(name: str, config_path: str | None, overrides: list[str]):
+    """The config of command ``name`` from its YAML file and key=value overrides (ConfigError when invalid)."""
+    return parse_config(resolve(COMMANDS[name].config), config_path, overrides)
+
+
+def placement_plan(name: str, cfg):
+    """The placement plan of a command whose ranks come from one (train rl), else None."""
+    plan = COMMANDS[name].plan
+    return resolve(plan)(cfg) if plan else None
+
+
+def run(name: str, cfg):
+    """One rank's whole run of command ``name``; returns its summary.  A run stopped by a signal
+    (preemption, time limit) has written its checkpoint (and its leader has requeued the SLURM job
+    when asked to): every rank exits with code EXIT_STOPPED."""
+    try:
+        return resolve(COMMANDS[name].run)(cfg)
+    except RunStopped:  # logged where the ranks agreed to stop
+        raise SystemExit(EXIT_STOPPED) from None
+
+
+def option_reference() -> str:
+    """docs/options.md: the option table of every command's config class, in table order."""
+    return reference.render({name: resolve(c.config) for name, c in COMMANDS.items()})
+
+
+def setup_logging() -> None:
+    rank = os.environ.get("RANK", "0")
+    level = logging.INFO if rank == "0" else logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "datasets", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

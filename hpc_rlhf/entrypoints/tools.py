@@ -1,0 +1,114 @@
+"""`hpc-rlhf tiny-model`, `hpc-rlhf lora-merge` and `hpc-rlhf serve-reward`."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from ..models import lora, tiny
+from ..rewards.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT, read_token, start_server
+from ..rewards.types import RewardError
+
+
+def add_tiny_model_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hpc-rlhf tiny-model OUT ...``."""
+    parser.add_argument("out", help="folder to write the model and tokenizer to")
+    parser.add_argument("--arch", choices=tiny.ARCHS, default="llama", help="model architecture")
+    parser.add_argument("--hidden-size", type=int, default=64, help="hidden size")
+    parser.add_argument("--layers", type=int, default=2, help="number of transformer layers")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
+    parser.add_argument("--intermediate-size", type=int, default=None, help="MLP size (default: 4 x hidden)")
+    parser.add_argument("--max-position", type=int, default=512, help="maximum sequence length")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--dtype", choices=tuple(tiny.DTYPES), default="fp32", help="dtype of the saved weights")
+
+
+def tiny_model(args: argparse.Namespace, rest: list[str] | None = None) -> int:
+    """Build the model described by ``args``; print its path and parameter count."""
+    out = tiny.build_tiny_model(args.out, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.layers,
+                                num_heads=args.heads, num_kv_heads=args.kv_heads,
+                                intermediate_size=args.intermediate_size,
+                                max_position_embeddings=args.max_position, seed=args.seed, dtype=args.dtype)
+    print(f"wrote {args.arch} model to {out} ({tiny.count_parameters(out):,} parameters)")
+    return 0
+
+
+def add_lora_merge_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hpc-rlhf lora-merge ADAPTER_DIR OUT [--base PATH] [--dtype fp32|bf16]``."""
+    parser.add_argument("adapter_dir", help="folder holding adapter_config.json and the adapter weights")
+    parser.add_argument("out", help="folder to write the merged model to")
+    parser.add_argument("--base", default=None,
+                        help="base model folder (default: base_model_name_or_path of the adapter config)")
+    parser.add_argument("--dtype", choices=tuple(lora.DTYPES), default="fp32", help="dtype of the merged weights")
+
+
+def lora_merge(args: argparse.Namespace, rest: list[str] | None = None) -> int:
+    """Merge ``args.adapter_dir`` into its base and print where the merged model went."""
+    out = lora.merge_lora(args.adapter_dir, args.out, base=args.base, dtype=args.dtype)
+    print(f"merged {args.adapter_dir} into {out}")
+    return 0
+
+
+def add_serve_reward_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hpc-rlhf serve-reward``."""
+    parser.add_argument("--reward-func", required=True, metavar="FILE",
+                        help="Python file defining reward_func(queries, prompts, labels)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1; use 0.0.0.0 to serve other nodes, with a token)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = a free one)")
+    tok = parser.add_mutually_exclusive_group()
+    tok.add_argument("--token-env", metavar="NAME", help="require this environment variable's value as bearer token")
+    tok.add_argument("--token-file", metavar="PATH", help="require this file's content as bearer token")
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help="refuse larger request bodies with 413")
+    parser.add_argument("--batch-size", type=int, default=64, help="samples per reward_func call")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds one reward_func call may take before its samples count as failed (0 = none)")
+
+
+def serve_reward(args: argparse.Namespace, rest: list[str] | None = None,
+                 stop_event: threading.Event | None = None) -> int:
+    """Serve until SIGINT/SIGTERM (or until ``stop_event`` is set); print the URL on stdout first."""
+    try:
+        token = read_token(args.token_env, args.token_file)
+    except ValueError as e:
+        print(f"hpc-rlhf serve-reward: {e}", file=sys.stderr)
+        return 2
+    try:
+        handle = start_server(args.reward_func, host=args.host, port=args.port, token=token,
+                              max_request_bytes=args.max_request_bytes, batch_size=args.batch_size,
+                              timeout_s=args.timeout or None)
+    except RewardError as e:
+        print(f"hpc-rlhf serve-reward: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"hpc-rlhf serve-reward: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+    stop = stop_event or threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    print(f"serving {args.reward_func} at {handle.url} (POST /score, GET /health"
+          f"{', bearer token required' if token else ''})", flush=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        handle.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    for name, add_args, func, what in (
+            ("tiny-model", add_tiny_model_args, tiny_model, "build a random-weight tiny model and a local tokenizer"),
+            ("lora-merge", add_lora_merge_args, lora_merge, "merge a LoRA adapter into its base model"),
+            ("serve-reward", add_serve_reward_args, serve_reward,
+             "serve a reward-function file over HTTP (127.0.0.1 by default)")):
+        c = sub.add_parser(name, help=what)
+        add_args(c)
+        c.set_defaults(func=func)

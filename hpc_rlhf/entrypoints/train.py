@@ -1,0 +1,78 @@
+"""`hpc-rlhf train|plan|submit TRAINER` and `hpc-rlhf options`: the trainers of the command table."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from .. import commands
+from ..config import reference
+from ..distributed.env import read_env
+from ..launch.local import already_launched, launch_local
+from ..launch.plan import run_plan
+from ..launch.submit import submit
+
+
+def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
+    """Command ``name`` on N local ranks when it needs several and no launcher started us; otherwise this
+    process is one rank and runs it (the main rank prints the summary of a command that prints one)."""
+    cfg = commands.load_config(name, config_path, rest)
+    plan = commands.placement_plan(name, cfg)
+    nproc, describe = cfg.launch.nproc, None
+    if plan is not None:
+        nproc, describe = plan.world_size, lambda r: "roles " + "+".join(plan.roles_of(r))
+    if nproc > 1 and not already_launched():
+        return launch_local([*name.split(), *(["--config", config_path] if config_path else []), *rest],
+                            nproc, describe=describe)
+    summary = commands.run(name, cfg)
+    if commands.COMMANDS[name].prints_summary and read_env().is_main:
+        print(json.dumps(summary))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
+    return launch_or_run(commands.TRAIN + args.trainer, args.config, rest)
+
+
+def cmd_plan(args: argparse.Namespace, rest: list[str]) -> int:
+    name = commands.TRAIN + args.trainer
+    cfg = commands.load_config(name, args.config, rest)
+    return run_plan(args.trainer, cfg, commands.placement_plan(name, cfg), args.config, rest, args.script_only)
+
+
+def cmd_submit(args: argparse.Namespace, rest: list[str]) -> int:
+    job = submit(args.trainer, args.config, rest, folder=args.folder)
+    print(f"submitted SLURM job {job.job_id} (submitit folder {job.paths.folder})")
+    if args.wait:
+        results = job.results()
+        print(f"job {job.job_id} finished: {results[0]}")
+    return 0
+
+
+def cmd_options(args: argparse.Namespace, rest: list[str]) -> int:
+    text = commands.option_reference()
+    print(reference.write(text) if args.write else text)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    t = sub.add_parser("train", help="train a model: hpc-rlhf train sft --config FILE [key=value ...]")
+    t.add_argument("trainer", choices=commands.trainers())
+    t.add_argument("--config", help="YAML config file; key=value or --key value arguments override it")
+    t.set_defaults(func=cmd_train, takes_rest=True)
+
+    for name, func, what in (("plan", cmd_plan, "print the placement, memory per role and sbatch script; "
+                                                 "submits nothing"),
+                             ("submit", cmd_submit, "submit the job to SLURM through submitit")):
+        c = sub.add_parser(name, help=f"{what}: hpc-rlhf {name} rl --config FILE [key=value ...]")
+        c.add_argument("trainer", choices=commands.trainers())
+        c.add_argument("--config", help="YAML config file (its `slurm` section sets resources); key=value overrides")
+        if name == "plan":
+            c.add_argument("--script-only", action="store_true", help="print only the sbatch script")
+        if name == "submit":
+            c.add_argument("--folder", help="submitit folder (default: slurm.log_dir/submitit)")
+            c.add_argument("--wait", action="store_true", help="wait for the job and print rank 0's final metrics")
+        c.set_defaults(func=func, takes_rest=True)
+
+    o = sub.add_parser("options", help="print the option reference (docs/options.md)")
+    o.add_argument("--write", action="store_true", help="rewrite docs/options.md")
+    o.set_defaults(func=cmd_options)
