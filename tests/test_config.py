@@ -133,9 +133,10 @@ def test_every_objective_section_names_a_registered_unit():
     # no option names a preference objective: the command's config class does, through its objective section
     from typing import get_type_hints
 
+    from hpc_rlhf.commands import COMMANDS, resolve
     from hpc_rlhf.trainers.objectives import PREFERENCE_OBJECTIVES
-    units = {command: hints["objective"].unit for command, cls in reference.COMMANDS.items()
-             for hints in [get_type_hints(cls)] if "objective" in hints}
+    units = {name: hints["objective"].unit for name, command in COMMANDS.items()
+             for hints in [get_type_hints(resolve(command.config))] if "objective" in hints}
     assert len(units) == 7 and all(unit in PREFERENCE_OBJECTIVES for unit in units.values()), units
 
 
