@@ -22,11 +22,10 @@ from ..data.batching import EpochSampler
 from ..distributed.collectives import barrier
 from ..distributed.env import DistEnv, device_for
 from ..engines.deepspeed_strategy import build_engine
-from ..launch.preemption import StopRequest, step_boundary
-from ..logging.metrics import MetricsLogger
-from ..logging.progress import Progress
+from ..launch.preemption import StopRequest
 from ..models.loading import load_tokenizer, resolve_pretrained
 from .lifecycle import resume, run_in_world
+from .loop import StepBoundary, run_steps
 from .objectives import PREFERENCE_OBJECTIVES, Objective
 from .objectives.common import Stats, StepView, balanced_chunks, chunks, max_over_ranks
 
@@ -107,39 +106,23 @@ def _run(cfg, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         log.info("the last step of each epoch repeats %d samples to fill train_batch_size",
                  sampler.padded_in_last_step)
 
-    metrics_log = MetricsLogger(cfg.ckpt.save_path, de.is_main, cfg.log.use_tensorboard, start)
-    progress = Progress(total_steps, start, de.is_main, cfg.log.progress_bar, desc=name)
-    metrics: dict[str, float] = {}
-    t_last = time.time()
-    for step in range(start, total_steps):
-        epoch, in_epoch = divmod(step, sampler.steps_per_epoch)
-        view = StepView([train_set[i] for i in sampler.step_indices(epoch, in_epoch)], de.rank, de.world_size)
+    def step(i: int) -> dict[str, float]:
+        t0 = time.time()
+        epoch, in_epoch = divmod(i, sampler.steps_per_epoch)
+        view = StepView([train_set[k] for k in sampler.step_indices(epoch, in_epoch)], de.rank, de.world_size)
         lr = engine.get_lr()[0]
         metrics = train_step(engine, unit, view)
-        done = step + 1
-        now = time.time()
-        metrics.update(lr=lr, epoch=epoch, step_time_s=now - t_last)
-        t_last = now
-        if eval_set and cfg.log.eval_steps > 0 and done % cfg.log.eval_steps == 0:
-            metrics.update(evaluate(engine, unit, eval_set, de))
-        if done % cfg.log.logging_steps == 0 or done == total_steps:
-            metrics_log.log(done, metrics)
-        progress.update(done, metrics, done % cfg.log.logging_steps == 0)
-        step_boundary(stop, done, total_steps, cfg.ckpt.save_steps,
-                      lambda n: save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n},
-                                                cfg.ckpt.max_ckpt_num),
-                      max_over_ranks, de.is_main, barrier, lambda: (progress.close(), metrics_log.close()))
-    progress.close()
-    if eval_set and "eval_loss" not in metrics:
-        final = evaluate(engine, unit, eval_set, de)
-        metrics.update(final)
-        metrics_log.log(total_steps, final)
-    exported = unit.export(engine, cfg.ckpt.save_path, {"hpc_rlhf_config.yaml": dump_yaml(cfg)},
-                           eval_set or train_set)
-    if exported:
-        metrics_log.log(total_steps, exported)
-        metrics.update(exported)
-    metrics_log.close()
+        metrics.update(lr=lr, epoch=epoch, step_time_s=time.time() - t0)
+        return metrics
+
+    def save(n: int) -> None:
+        save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n}, cfg.ckpt.max_ckpt_num)
+
+    boundary = StepBoundary(stop, cfg.ckpt.save_steps, save, max_over_ranks, barrier, de.is_main)
+    metrics = run_steps(cfg, step, start, total_steps, boundary, is_main=de.is_main, desc=name,
+                        evaluate=(lambda i: evaluate(engine, unit, eval_set, de)) if eval_set else None,
+                        export=lambda: unit.export(engine, cfg.ckpt.save_path,
+                                                   {"hpc_rlhf_config.yaml": dump_yaml(cfg)}, eval_set or train_set))
     metrics["train_time_s"] = time.time() - t_start
     if de.is_main:
         log.info("saved the model to %s (%d steps, %.1f s)", cfg.ckpt.save_path, total_steps,
