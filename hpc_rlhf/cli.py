@@ -10,15 +10,15 @@ from .config import ConfigError, load_config
 from .data.rows import DataError
 from .models.loading import HubOfflineError
 
-TRAINERS = {"sft": ("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.sft:run_sft"),
+TRAINERS = {"sft": ("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.offline:run_sft"),
             "rl": ("hpc_rlhf.config.rl:RLConfig", "hpc_rlhf.trainers.rl:run_rl"),
-            "rm": ("hpc_rlhf.config.preference:RMConfig", "hpc_rlhf.trainers.preference:run_preference"),
-            "dpo": ("hpc_rlhf.config.preference:DPOConfig", "hpc_rlhf.trainers.preference:run_preference"),
-            "kto": ("hpc_rlhf.config.preference:KTOConfig", "hpc_rlhf.trainers.preference:run_preference"),
-            "simpo": ("hpc_rlhf.config.preference:SimPOConfig", "hpc_rlhf.trainers.preference:run_preference"),
-            "orpo": ("hpc_rlhf.config.preference:ORPOConfig", "hpc_rlhf.trainers.preference:run_preference"),
-            "prm": ("hpc_rlhf.config.preference:PRMConfig", "hpc_rlhf.trainers.preference:run_preference"),
-            "kd": ("hpc_rlhf.config.preference:KDConfig", "hpc_rlhf.trainers.preference:run_preference")}
+            "rm": ("hpc_rlhf.config.preference:RMConfig", "hpc_rlhf.trainers.offline:run_offline"),
+            "dpo": ("hpc_rlhf.config.preference:DPOConfig", "hpc_rlhf.trainers.offline:run_offline"),
+            "kto": ("hpc_rlhf.config.preference:KTOConfig", "hpc_rlhf.trainers.offline:run_offline"),
+            "simpo": ("hpc_rlhf.config.preference:SimPOConfig", "hpc_rlhf.trainers.offline:run_offline"),
+            "orpo": ("hpc_rlhf.config.preference:ORPOConfig", "hpc_rlhf.trainers.offline:run_offline"),
+            "prm": ("hpc_rlhf.config.preference:PRMConfig", "hpc_rlhf.trainers.offline:run_offline"),
+            "kd": ("hpc_rlhf.config.preference:KDConfig", "hpc_rlhf.trainers.offline:run_offline")}
 # Trainers whose rank count follows from their placement plan rather than launch.nproc.
 PLANNED = {"rl": "hpc_rlhf.trainers.rl:plan_from_config"}
 

@@ -1,11 +1,13 @@
-"""One loop for the preference trainers (rm, dpo, kto, simpo, orpo); the objective is a registered unit.
+"""One trainer for every offline objective (sft, rm, dpo, kto, simpo, orpo, prm, kd); the objective is a
+registered unit (`trainers/objectives`), the outer loop is `trainers.loop.run_steps`.
 
 The same code runs as one process, N local ranks or N SLURM tasks.  Each optimizer step takes
-``train_batch_size`` items (pairs, or labelled rows for KTO) in the sampler's global order; rank r takes
-every W-th one from r and splits its share into micro-batches of ``micro_train_batch_size``.  A unit's
-loss is the mean over the items of its micro-batch; the micro-batch back-propagates
-``loss · n_micro · W / train_batch_size``, so after data-parallel averaging the step's gradient is that of
-the mean over every item of the step, whatever the rank count and the micro-batch size.
+``train_batch_size`` items (samples, pairs, or labelled rows) in the sampler's global order; rank r takes
+every W-th one from r and splits its share into the unit's micro-batches (``micro_train_batch_size`` items,
+or SFT's token budget).  A unit's loss is the mean over the items of its micro-batch; the micro-batch
+back-propagates ``loss · n_micro · W / train_batch_size``, so after data-parallel averaging the step's
+gradient is that of the mean over every item of the step, whatever the rank count and the micro-batch size
+(a unit whose loss is a mean over tokens or steps rescales its value: `objectives/per_unit_mean.py`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 
 from ..checkpoint.rng import seed_everything
 from ..checkpoint.store import save_checkpoint
-from ..config import dump_yaml
+from ..config import SFTConfig, dump_yaml
 from ..data.batching import EpochSampler
 from ..distributed.collectives import barrier
 from ..distributed.env import DistEnv, device_for
@@ -26,10 +28,10 @@ from ..launch.preemption import StopRequest
 from ..models.loading import load_tokenizer, resolve_pretrained
 from .lifecycle import resume, run_in_world
 from .loop import StepBoundary, run_steps
-from .objectives import PREFERENCE_OBJECTIVES, Objective
-from .objectives.common import Stats, StepView, balanced_chunks, chunks, max_over_ranks
+from .objectives import OFFLINE_OBJECTIVES, Objective
+from .objectives.common import Stats, StepView, balanced, max_over_ranks
 
-log = logging.getLogger("hpc_rlhf.preference")
+log = logging.getLogger("hpc_rlhf.offline")
 
 
 def train_step(engine, unit: Objective, view: StepView) -> dict[str, float]:
@@ -37,7 +39,7 @@ def train_step(engine, unit: Objective, view: StepView) -> dict[str, float]:
     ctx = unit.step_context(engine, view)
     scale = view.world / len(view.items)
     stats = Stats()
-    groups = chunks(view.mine, unit.micro)  # every rank holds len(items) / W items: equal counts
+    groups = unit.micro_batches(view.mine)  # as many on every rank
     for group in groups:
         out = unit.loss(engine, group, ctx)
         engine.backward(out.loss * (out.count * scale), scale_wrt_gas=False)
@@ -46,7 +48,7 @@ def train_step(engine, unit: Objective, view: StepView) -> dict[str, float]:
     engine.step()
     metrics = stats.means()
     grad_norm = engine.get_global_grad_norm()
-    metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+    metrics.update(unit.step_metrics(ctx), grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
                    micro_batches=len(groups))
     return metrics
 
@@ -58,7 +60,7 @@ def evaluate(engine, unit: Objective, items: list, de: DistEnv) -> dict[str, flo
     view = StepView(items, de.rank, de.world_size)
     ctx = unit.step_context(engine, view)
     stats = Stats()
-    for group, keep in balanced_chunks(view.mine, unit.micro, items[:1]):
+    for group, keep in balanced(unit.micro_batches(view.mine), items[:1]):
         out = unit.loss(engine, group, ctx)
         # a filler run (a rank with fewer eval items) adds its keys with zero weight: every rank then
         # reduces the same metrics, even one that holds no eval item at all
@@ -69,27 +71,27 @@ def evaluate(engine, unit: Objective, items: list, de: DistEnv) -> dict[str, flo
     return {f"eval_{k}": v for k, v in stats.means().items()}
 
 
-def run_preference(cfg) -> dict[str, float]:
-    """Train the objective ``cfg.objective`` names; returns the last logged metrics (on every rank)."""
-    return run_in_world(cfg, _run)
+def run_offline(cfg, objective: str | None = None) -> dict[str, float]:
+    """Train ``objective`` (default: the one ``cfg.objective`` names); returns the last logged metrics (on
+    every rank)."""
+    name = objective or cfg.objective.unit
+    return run_in_world(cfg, lambda cfg, de, stop: _run(cfg, name, de, stop))
 
 
-def _run(cfg, de: DistEnv, stop: StopRequest) -> dict[str, float]:
+def run_sft(cfg: SFTConfig) -> dict[str, float]:
+    """`hpc-rlhf train sft`: the sft objective (its config has no objective section)."""
+    return run_offline(cfg, "sft")
+
+
+def _run(cfg, name: str, de: DistEnv, stop: StopRequest) -> dict[str, float]:
     t_start = time.time()
-    name = cfg.objective.unit
     seed_everything(cfg.train.seed)
     if cfg.train.train_batch_size % de.world_size:
         raise ValueError(f"train.train_batch_size={cfg.train.train_batch_size} is not divisible by the "
                          f"{de.world_size} ranks")
     tokenizer = load_tokenizer(resolve_pretrained(cfg.model.pretrain), cfg.data.tokenizer_chat_template)
-    unit: Objective = PREFERENCE_OBJECTIVES.get(name)(cfg, de, device_for(de), tokenizer)
-    train_set, eval_set, bad = unit.load_data()
-    if de.is_main:
-        log.info("config:\n%s", dump_yaml(cfg))
-        log.info("data: %d training samples, %d eval samples", len(train_set), len(eval_set))
-        if bad.total:
-            log.warning("skipped %d bad rows:\n%s", bad.total, bad.summary())
-
+    unit: Objective = OFFLINE_OBJECTIVES.get(name)(cfg, de, device_for(de), tokenizer)
+    train_set, eval_set = _load_data(cfg, unit, de.is_main)
     unit.prepare([train_set, eval_set])
     model = unit.build_model()
     # the global order of every step; rank r takes items r, r + W, ... of it (StepView)
@@ -99,9 +101,7 @@ def _run(cfg, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         total_steps = min(total_steps, cfg.train.max_steps)
     engine = build_engine(model, cfg.train, cfg.train.learning_rate, cfg.model.param_dtype, total_steps,
                           de.world_size)
-
     state = resume({"model": engine}, cfg.ckpt, de.is_main)
-    start = state["step"] if state else 0
     if de.is_main and sampler.padded_in_last_step:
         log.info("the last step of each epoch repeats %d samples to fill train_batch_size",
                  sampler.padded_in_last_step)
@@ -119,8 +119,8 @@ def _run(cfg, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n}, cfg.ckpt.max_ckpt_num)
 
     boundary = StepBoundary(stop, cfg.ckpt.save_steps, save, max_over_ranks, barrier, de.is_main)
-    metrics = run_steps(cfg, step, start, total_steps, boundary, is_main=de.is_main, desc=name,
-                        evaluate=(lambda i: evaluate(engine, unit, eval_set, de)) if eval_set else None,
+    metrics = run_steps(cfg, step, state["step"] if state else 0, total_steps, boundary, is_main=de.is_main,
+                        desc=name, evaluate=(lambda i: evaluate(engine, unit, eval_set, de)) if eval_set else None,
                         export=lambda: unit.export(engine, cfg.ckpt.save_path,
                                                    {"hpc_rlhf_config.yaml": dump_yaml(cfg)}, eval_set or train_set))
     metrics["train_time_s"] = time.time() - t_start
@@ -128,3 +128,13 @@ def _run(cfg, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         log.info("saved the model to %s (%d steps, %.1f s)", cfg.ckpt.save_path, total_steps,
                  metrics["train_time_s"])
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not math.isnan(v)}
+
+
+def _load_data(cfg, unit: Objective, is_main: bool) -> tuple[list, list]:
+    train_set, eval_set, bad = unit.load_data()
+    if is_main:
+        log.info("config:\n%s", dump_yaml(cfg))
+        log.info("data: %d training samples, %d eval samples", len(train_set), len(eval_set))
+        if bad.total:
+            log.warning("skipped %d bad rows:\n%s", bad.total, bad.summary())
+    return train_set, eval_set
