@@ -85,26 +85,19 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
 
 def _run(cfg, name: str, de: DistEnv, stop: StopRequest) -> dict[str, float]:
     t_start = time.time()
-    seed_everything(cfg.train.seed)
-    if cfg.train.train_batch_size % de.world_size:
-        raise ValueError(f"train.train_batch_size={cfg.train.train_batch_size} is not divisible by the "
-                         f"{de.world_size} ranks")
-    tokenizer = load_tokenizer(resolve_pretrained(cfg.model.pretrain), cfg.data.tokenizer_chat_template)
-    unit: Objective = OFFLINE_OBJECTIVES.get(name)(cfg, de, device_for(de), tokenizer)
-    train_set, eval_set = _load_data(cfg, unit, de.is_main)
-    unit.prepare([train_set, eval_set])
+    unit, train_set, eval_set = _set_up(cfg, name, de)
     model = unit.build_model()
     # the global order of every step; rank r takes items r, r + W, ... of it (StepView)
     sampler = EpochSampler(len(train_set), cfg.train.train_batch_size, 1, 0, cfg.train.seed)
     total_steps = sampler.steps_per_epoch * cfg.train.max_epochs
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
-    engine = build_engine(model, cfg.train, cfg.train.learning_rate, cfg.model.param_dtype, total_steps,
-                          de.world_size)
-    state = resume({"model": engine}, cfg.ckpt, de.is_main)
     if de.is_main and sampler.padded_in_last_step:
         log.info("the last step of each epoch repeats %d samples to fill train_batch_size",
                  sampler.padded_in_last_step)
+    engine = build_engine(model, cfg.train, cfg.train.learning_rate, cfg.model.param_dtype, total_steps,
+                          de.world_size)
+    state = resume({"model": engine}, cfg.ckpt, de.is_main)
 
     def step(i: int) -> dict[str, float]:
         t0 = time.time()
@@ -130,11 +123,19 @@ def _run(cfg, name: str, de: DistEnv, stop: StopRequest) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not math.isnan(v)}
 
 
-def _load_data(cfg, unit: Objective, is_main: bool) -> tuple[list, list]:
+def _set_up(cfg, name: str, de: DistEnv) -> tuple[Objective, list, list]:
+    """The objective's unit, its training and eval data, and what it prepares before the model is built."""
+    seed_everything(cfg.train.seed)
+    if cfg.train.train_batch_size % de.world_size:
+        raise ValueError(f"train.train_batch_size={cfg.train.train_batch_size} is not divisible by the "
+                         f"{de.world_size} ranks")
+    tokenizer = load_tokenizer(resolve_pretrained(cfg.model.pretrain), cfg.data.tokenizer_chat_template)
+    unit: Objective = OFFLINE_OBJECTIVES.get(name)(cfg, de, device_for(de), tokenizer)
     train_set, eval_set, bad = unit.load_data()
-    if is_main:
+    if de.is_main:
         log.info("config:\n%s", dump_yaml(cfg))
         log.info("data: %d training samples, %d eval samples", len(train_set), len(eval_set))
         if bad.total:
             log.warning("skipped %d bad rows:\n%s", bad.total, bad.summary())
-    return train_set, eval_set
+    unit.prepare([train_set, eval_set])
+    return unit, train_set, eval_set
