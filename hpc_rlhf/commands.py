@@ -29,18 +29,18 @@ class Command:
     help: str = ""
 
 
-_PREFERENCE = "hpc_rlhf.trainers.preference:run_preference"
+_OFFLINE = "hpc_rlhf.trainers.offline:run_offline"
 COMMANDS: dict[str, Command] = {
-    "train sft": Command("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.sft:run_sft"),
+    "train sft": Command("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.offline:run_sft"),
     "train rl": Command("hpc_rlhf.config.rl:RLConfig", "hpc_rlhf.trainers.rl:run_rl",
                         plan="hpc_rlhf.trainers.rl:plan_from_config"),
-    "train rm": Command("hpc_rlhf.config.preference:RMConfig", _PREFERENCE),
-    "train dpo": Command("hpc_rlhf.config.preference:DPOConfig", _PREFERENCE),
-    "train kto": Command("hpc_rlhf.config.preference:KTOConfig", _PREFERENCE),
-    "train simpo": Command("hpc_rlhf.config.preference:SimPOConfig", _PREFERENCE),
-    "train orpo": Command("hpc_rlhf.config.preference:ORPOConfig", _PREFERENCE),
-    "train prm": Command("hpc_rlhf.config.preference:PRMConfig", _PREFERENCE),
-    "train kd": Command("hpc_rlhf.config.preference:KDConfig", _PREFERENCE),
+    "train rm": Command("hpc_rlhf.config.preference:RMConfig", _OFFLINE),
+    "train dpo": Command("hpc_rlhf.config.preference:DPOConfig", _OFFLINE),
+    "train kto": Command("hpc_rlhf.config.preference:KTOConfig", _OFFLINE),
+    "train simpo": Command("hpc_rlhf.config.preference:SimPOConfig", _OFFLINE),
+    "train orpo": Command("hpc_rlhf.config.preference:ORPOConfig", _OFFLINE),
+    "train prm": Command("hpc_rlhf.config.preference:PRMConfig", _OFFLINE),
+    "train kd": Command("hpc_rlhf.config.preference:KDConfig", _OFFLINE),
     # the pipelines (docs/pipelines.md)
     "generate": Command("hpc_rlhf.config.pipelines:GenerateConfig", "hpc_rlhf.pipelines.generate:run_generate",
                         prints_summary=True,

@@ -31,7 +31,7 @@ def _one_step(jobs: dict[str, tuple[str, str, str, list[str]]]) -> dict:
     from hpc_rlhf.models.loading import load_tokenizer
     from hpc_rlhf.trainers.objectives import PREFERENCE_OBJECTIVES
     from hpc_rlhf.trainers.objectives.common import StepView
-    from hpc_rlhf.trainers.preference import evaluate, train_step
+    from hpc_rlhf.trainers.offline import evaluate, train_step
 
     de = read_env()
     out = {}

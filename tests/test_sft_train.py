@@ -29,25 +29,27 @@ def tiny_dir(tmp_path_factory):
 
 
 def _grads(model_dir: str, overrides: list[str]):
-    import torch.distributed as dist
-
     from hpc_rlhf.config import SFTConfig, load_config
     from hpc_rlhf.data.batching import EpochSampler
     from hpc_rlhf.data.rows import BadRows
     from hpc_rlhf.data.sft import build_sft_samples
+    from hpc_rlhf.distributed.env import read_env
     from hpc_rlhf.engines.deepspeed_strategy import build_engine
-    from hpc_rlhf.models.loading import load_causal_lm, load_tokenizer
-    from hpc_rlhf.trainers.sft import BatchMaker, train_step
+    from hpc_rlhf.models.loading import load_tokenizer
+    from hpc_rlhf.trainers.objectives import OFFLINE_OBJECTIVES
+    from hpc_rlhf.trainers.objectives.common import StepView
+    from hpc_rlhf.trainers.offline import train_step
 
     cfg = load_config(SFTConfig, None, [f"pretrain={model_dir}", "dataset=mem", "param_dtype=fp32",
                                         "train_batch_size=4", "zero_stage=0", "max_norm=0", "max_len=64",
                                         *overrides])
     torch.manual_seed(0)
+    de = read_env()
     tokenizer = load_tokenizer(model_dir)
+    unit = OFFLINE_OBJECTIVES.get("sft")(cfg, de, torch.device("cpu"), tokenizer)
     samples = build_sft_samples(ROWS, "mem", tokenizer, cfg.data, BadRows("error"))
-    world, rank = dist.get_world_size(), dist.get_rank()
-    mine = [samples[i] for i in EpochSampler(len(samples), 4, world, rank, 0).step_indices(0, 0)]
-    engine = build_engine(load_causal_lm(cfg.model), cfg.train, cfg.train.learning_rate, "fp32", 1, world)
+    step = [samples[i] for i in EpochSampler(len(samples), 4, 1, 0, 0).step_indices(0, 0)]
+    engine = build_engine(unit.build_model(), cfg.train, cfg.train.learning_rate, "fp32", 1, de.world_size)
     opt = engine.optimizer
     while not isinstance(opt, torch.optim.Optimizer):
         opt = opt.optimizer
@@ -57,8 +59,7 @@ def _grads(model_dir: str, overrides: list[str]):
         for name, p in engine.module.named_parameters():
             grads[name] = p.grad.detach().clone()
     opt.register_step_pre_hook(capture)
-    maker = BatchMaker(cfg, tokenizer.pad_token_id, torch.float32, torch.device("cpu"))
-    stats = train_step(engine, maker, mine, world)
+    stats = train_step(engine, unit, StepView(step, de.rank, de.world_size))
     return grads, stats["loss"], stats["micro_batches"]
 
 

@@ -62,17 +62,23 @@ class StopRequest:
         self._previous = {}
 
 
-def step_boundary(stop: StopRequest, done: int, total: int, save_steps: int, save, agree, leader: bool,
-                  barrier, before_stop=lambda: None) -> None:
-    """End of step ``done`` of ``total``, on every rank: agree on a stop (``agree``: maximum over all
-    ranks), ``save(done)`` when stopping or every ``save_steps``, and when stopping raise RunStopped."""
-    decision = int(agree(stop.code()))
-    stopping = decision != NONE and done < total
-    if done < total and (stopping or (save_steps > 0 and done % save_steps == 0)):
-        save(done)
-    if stopping:
-        before_stop()
-        stop_after_checkpoint(decision, done, leader, barrier)
+class StepBoundary:
+    """The end of every step, on every rank: agree on a stop (``agree``: maximum over all ranks),
+    ``save(done)`` when stopping or every ``save_steps``, and when stopping raise RunStopped (after
+    ``before_stop``, which closes the run's sinks, and the requeue)."""
+
+    def __init__(self, stop: StopRequest, save_steps: int, save, agree, barrier, leader: bool):
+        self.stop, self.save_steps, self.save = stop, save_steps, save
+        self.agree, self.barrier, self.leader = agree, barrier, leader
+
+    def __call__(self, done: int, total: int, before_stop=lambda: None) -> None:
+        decision = int(self.agree(self.stop.code()))
+        stopping = decision != NONE and done < total
+        if done < total and (stopping or (self.save_steps > 0 and done % self.save_steps == 0)):
+            self.save(done)
+        if stopping:
+            before_stop()
+            stop_after_checkpoint(decision, done, self.leader, self.barrier)
 
 
 def stop_after_checkpoint(decision: int, step: int, leader: bool, barrier) -> None:

@@ -1,38 +1,58 @@
-"""The one outer loop (TEMPORARY version in main until the loop branch lands)."""
+"""The outer loop every trainer runs once its set-up is done: the steps, the eval cadence, metrics.jsonl and
+the progress line, the step boundary (stop agreement, checkpoints), the export and the final close.
+
+The same call runs on every rank; only the leader's sinks write (``is_main``).  A step's metrics must be the
+same on every rank (they are reduced before they come back), since the row logged is the leader's.
+"""
 from __future__ import annotations
 
 from typing import Callable
 
-from ..distributed.preemption import step_boundary
+from ..distributed.preemption import StepBoundary
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 
+__all__ = ["StepBoundary", "run_steps"]
 
-class StepBoundary:
-    def __init__(self, stop, save_steps: int, save, agree, barrier, leader: bool):
-        self.stop, self.save_steps, self.save, self.agree, self.leader, self.barrier = (
-            stop, save_steps, save, agree, leader, barrier)
-
-    def __call__(self, done: int, total: int, before_stop=lambda: None) -> None:
-        step_boundary(self.stop, done, total, self.save_steps, self.save, self.agree, self.leader, self.barrier,
-                      before_stop)
+Metrics = dict[str, float]
 
 
-def run_steps(cfg, step: Callable[[int], dict], start: int, total: int, boundary: StepBoundary, *,
-              is_main: bool, desc: str, evaluate=None, export=None, shown=lambda m: m) -> dict[str, float]:
+def _shown_as_is(metrics: Metrics) -> Metrics:
+    return metrics
+
+
+def run_steps(cfg, step: Callable[[int], Metrics], start: int, total: int, boundary: StepBoundary, *,
+              is_main: bool, desc: str, evaluate: Callable[[int], Metrics] | None = None,
+              export: Callable[[], Metrics] | None = None,
+              shown: Callable[[Metrics], Metrics] = _shown_as_is) -> Metrics:
+    """Run ``step(i)`` for i = start .. total - 1 (0-based) and return the last step's metrics.
+
+    ``cfg`` is the trainer's config: ``cfg.log`` (logging_steps, eval_steps, use_tensorboard, progress_bar)
+    and ``cfg.ckpt.save_path`` (where metrics.jsonl and the TensorBoard events go) are read.  After step i,
+    ``evaluate(i)`` runs every ``eval_steps`` steps and after the last step, its metrics joining the step's
+    row; a row is logged every ``logging_steps`` steps and after the last step; ``shown`` picks what the
+    progress line shows; then ``boundary`` ends the step (it may raise RunStopped, having closed the sinks).
+    After the last step ``export()`` writes the result; what it returns is logged as a row of its own
+    (when not empty) and joins the returned metrics."""
     log_cfg = cfg.log
     metrics_log = MetricsLogger(cfg.ckpt.save_path, is_main, log_cfg.use_tensorboard, start)
     progress = Progress(total, start, is_main, log_cfg.progress_bar, desc=desc)
-    last: dict[str, float] = {}
+
+    def close() -> None:
+        progress.close()
+        metrics_log.close()
+
+    last: Metrics = {}
     for i in range(start, total):
         last = step(i)
         done = i + 1
         if evaluate is not None and (done == total or (log_cfg.eval_steps > 0 and done % log_cfg.eval_steps == 0)):
             last.update(evaluate(i))
-        if done % log_cfg.logging_steps == 0 or done == total:
+        on_cadence = done % log_cfg.logging_steps == 0
+        if on_cadence or done == total:
             metrics_log.log(done, last)
-        progress.update(done, shown(last), done % log_cfg.logging_steps == 0)
-        boundary(done, total, lambda: (progress.close(), metrics_log.close()))
+        progress.update(done, shown(last), on_cadence)
+        boundary(done, total, close)
     progress.close()
     exported = export() if export is not None else {}
     if exported:

@@ -1,9 +1,10 @@
-"""Preference objectives as registered units: ``PREFERENCE_OBJECTIVES.get(name)`` returns the unit class.
+"""Offline objectives as registered units: ``OFFLINE_OBJECTIVES.get(name)`` returns the unit class.
 
-Importing this package registers every unit (rm, dpo, kto, simpo, orpo, prm, kd).  Adding an objective is one
-module with one decorated class, plus its config section in `config/preference.py`.
+Importing this package registers every unit (sft, rm, dpo, kto, simpo, orpo, prm, kd).  Adding an objective is
+one module with one decorated class, plus its config section in `config/preference.py` (sft has its own
+config, `config/sft.py`).  ``PREFERENCE_OBJECTIVES`` is the same registry under its earlier name.
 """
-from . import distill, dpo, kto, process_reward, reference_free, reward_model  # noqa: F401  (registration)
-from .common import PREFERENCE_OBJECTIVES, Objective
+from . import distill, dpo, kto, process_reward, reference_free, reward_model, sft  # noqa: F401  (registration)
+from .common import OFFLINE_OBJECTIVES, PREFERENCE_OBJECTIVES, Objective
 
-__all__ = ["PREFERENCE_OBJECTIVES", "Objective"]
+__all__ = ["OFFLINE_OBJECTIVES", "PREFERENCE_OBJECTIVES", "Objective"]

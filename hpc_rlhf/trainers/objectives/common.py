@@ -1,8 +1,9 @@
-"""What the preference objectives share: the unit interface, step views, log-probs of sequences and the reference.
+"""What the offline objectives share: the unit interface, step views, log-probs of sequences and the reference.
 
 A unit (one per objective, registered by name) builds the trained model, prepares what it needs
-before training (the reference model, precomputed reference log-probs), computes the loss of one
-micro-batch and exports the result.  The loop in `trainers/preference.py` only calls these methods.
+before training (the reference model, precomputed reference log-probs), splits a rank's items into
+micro-batches, computes the loss of one micro-batch and exports the result.  The trainer in
+`trainers/offline.py` only calls these methods.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from ...distributed.collectives import max_over_ranks, sum_over_ranks  # noqa: F
 from ...data.packing import Batch, collate_padded
 from ...models.loading import load_causal_lm
 
-PREFERENCE_OBJECTIVES: Registry = Registry("preference objective")
+OFFLINE_OBJECTIVES: Registry = Registry("offline objective")
+PREFERENCE_OBJECTIVES = OFFLINE_OBJECTIVES  # the earlier name
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -31,12 +33,17 @@ def chunks(items: Sequence, size: int) -> list[list]:
     return [list(items[i:i + size]) for i in range(0, len(items), size)]
 
 
+def balanced(groups: list[list], filler: Sequence) -> list[tuple[list, bool]]:
+    """``groups``, then as many repeats of a filler group as make every rank's count equal: a repeat is
+    flagged False (its result is discarded).  ZeRO-3 gathers parameters inside every forward, so every
+    rank runs as many; the filler is the last group, or ``filler`` on a rank with none."""
+    fill = list(groups[-1]) if groups else list(filler)
+    return [(g, True) for g in groups] + [(fill, False)] * (max_over_ranks(len(groups)) - len(groups))
+
+
 def balanced_chunks(items: Sequence, size: int, filler: Sequence) -> list[tuple[list, bool]]:
-    """Micro-batches of ``size`` items, as many on every rank: a rank with fewer runs ``filler``
-    (flagged False: its result is discarded), since ZeRO-3 gathers parameters inside every forward."""
-    groups = [(g, True) for g in chunks(items, size)]
-    fill = list(groups[-1][0]) if groups else list(filler[:size])
-    return groups + [(fill, False)] * (max_over_ranks(len(groups)) - len(groups))
+    """Micro-batches of ``size`` items, as many on every rank (`balanced`)."""
+    return balanced(chunks(items, size), filler[:size])
 
 
 @dataclass
@@ -164,8 +171,16 @@ class Objective:
         """Whatever the step's losses need from the whole step (KTO: the reference point z0)."""
         return None
 
+    def micro_batches(self, items: list) -> list[list]:
+        """This rank's ``items`` in micro-batches; every rank that holds as many items gets as many."""
+        return chunks(items, self.micro)
+
     def loss(self, engine, items: list, ctx: Any) -> LossOut:
         raise NotImplementedError
+
+    def step_metrics(self, ctx: Any) -> dict[str, float]:
+        """Metrics of the whole step, read from its context (the same on every rank)."""
+        return {}
 
     def export(self, engine, save_path: str, files: dict[str, str], stats_items: list) -> dict[str, float]:
         """Write the HF folder; return metrics worth logging once (e.g. reward statistics)."""

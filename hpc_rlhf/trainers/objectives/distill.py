@@ -1,7 +1,7 @@
 """Knowledge distillation: an SFT-style student trained on CE mixed with KL(teacher ‖ student) per token.
 
 The teacher is a frozen full copy on every rank.  The loss is `distill_loss` per response token, a mean over
-every response token of the step (all ranks, all micro-batches), like `train sft`.
+every response token of the step (all ranks, all micro-batches), like `sft`.
 """
 from __future__ import annotations
 
@@ -12,24 +12,18 @@ import torch
 
 from ...algorithms.distill import distill_loss
 from ...data.packing import collate_padded
-from ...data.sft import load_sft_data
 from ...models.loading import load_causal_lm
-from .common import PREFERENCE_OBJECTIVES, LossOut, PolicyObjective, StepView
+from .common import OFFLINE_OBJECTIVES, LossOut
 from .per_unit_mean import StepUnits, as_item_mean
+from .sft import ResponseTokenMean
 
 
-@PREFERENCE_OBJECTIVES.register("kd")
-class Distill(PolicyObjective):
-    def load_data(self):
-        return load_sft_data(self.cfg.data, self.tokenizer, self.cfg.train.seed)
-
+@OFFLINE_OBJECTIVES.register("kd")
+class Distill(ResponseTokenMean):
     def prepare(self, datasets: Sequence[list]) -> None:
         teacher_cfg = dataclasses.replace(self.cfg.model, pretrain=self.cfg.objective.teacher_pretrain,
                                           gradient_checkpointing=False, lora_rank=0, load_in_4bit=False)
         self.teacher = load_causal_lm(teacher_cfg, trainable=False).to(self.device)
-
-    def step_context(self, engine, view: StepView) -> StepUnits:
-        return StepUnits(sum(s.num_loss_tokens for s in view.items), len(view.items))
 
     def loss(self, engine, samples: list, ctx: StepUnits) -> LossOut:
         o = self.cfg.objective

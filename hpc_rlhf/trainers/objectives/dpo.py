@@ -7,7 +7,7 @@ import torch
 
 from ...algorithms.preference import dpo_loss
 from ...data.preference import load_pairs
-from .common import (PREFERENCE_OBJECTIVES, LossOut, PolicyObjective, Reference, chunks, collate_pairs,
+from .common import (OFFLINE_OBJECTIVES, LossOut, PolicyObjective, Reference, chunks, collate_pairs,
                      pair_stats, scalar_stat, split_pairs, sum_over_ranks)
 
 
@@ -28,7 +28,7 @@ def precompute_pair_logps(ref: Reference, datasets: Sequence[list], micro: int, 
     return {id(p): (float(table[i, 0]), float(table[i, 1])) for i, p in enumerate(pairs)}
 
 
-@PREFERENCE_OBJECTIVES.register("dpo")
+@OFFLINE_OBJECTIVES.register("dpo")
 class DPO(PolicyObjective):
     def load_data(self):
         return load_pairs(self.cfg.data, self.tokenizer, self.cfg.train.seed)

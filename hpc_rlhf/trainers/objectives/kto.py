@@ -8,11 +8,11 @@ import torch
 from ...algorithms.preference import kto_loss, kto_reference_point
 from ...data.packing import collate_padded
 from ...data.preference import load_labelled
-from .common import (PREFERENCE_OBJECTIVES, LossOut, PolicyObjective, Reference, StepView, balanced_chunks,
+from .common import (OFFLINE_OBJECTIVES, LossOut, PolicyObjective, Reference, StepView, balanced_chunks,
                      mean_stat, scalar_stat, sequence_logps, sum_over_ranks)
 
 
-@PREFERENCE_OBJECTIVES.register("kto")
+@OFFLINE_OBJECTIVES.register("kto")
 class KTO(PolicyObjective):
     def load_data(self):
         return load_labelled(self.cfg.data, self.tokenizer, self.cfg.train.seed)

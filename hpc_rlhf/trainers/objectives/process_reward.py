@@ -10,7 +10,7 @@ import torch
 
 from ...algorithms.reward_model_loss import process_reward_loss
 from ...data.process import ProcessSample, load_process_data, single_token_id
-from .common import PREFERENCE_OBJECTIVES, LossOut, PolicyObjective, StepView
+from .common import OFFLINE_OBJECTIVES, LossOut, PolicyObjective, StepView
 from .per_unit_mean import StepUnits, as_item_mean
 
 
@@ -31,7 +31,7 @@ def collate_steps(samples: list[ProcessSample], pad_id: int, soft: bool, device)
     return tuple(t.to(device) for t in (ids, attn, position_ids, mask, targets))
 
 
-@PREFERENCE_OBJECTIVES.register("prm")
+@OFFLINE_OBJECTIVES.register("prm")
 class ProcessRewardModel(PolicyObjective):
     def __init__(self, cfg, de, device, tokenizer):
         super().__init__(cfg, de, device, tokenizer)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ...algorithms.preference import orpo_loss, simpo_loss
 from ...data.preference import load_pairs
-from .common import PREFERENCE_OBJECTIVES, LossOut, PolicyObjective, mean_stat, pair_stats, scalar_stat
+from .common import OFFLINE_OBJECTIVES, LossOut, PolicyObjective, mean_stat, pair_stats, scalar_stat
 
 
 class _PairPolicy(PolicyObjective):
@@ -11,7 +11,7 @@ class _PairPolicy(PolicyObjective):
         return load_pairs(self.cfg.data, self.tokenizer, self.cfg.train.seed)
 
 
-@PREFERENCE_OBJECTIVES.register("simpo")
+@OFFLINE_OBJECTIVES.register("simpo")
 class SimPO(_PairPolicy):
     def loss(self, engine, pairs: list, ctx) -> LossOut:
         o = self.cfg.objective
@@ -20,7 +20,7 @@ class SimPO(_PairPolicy):
         return LossOut(loss, len(pairs), pair_stats(m, len(pairs)))
 
 
-@PREFERENCE_OBJECTIVES.register("orpo")
+@OFFLINE_OBJECTIVES.register("orpo")
 class ORPO(_PairPolicy):
     def loss(self, engine, pairs: list, ctx) -> LossOut:
         pc, pr, lc, lr, _ = self.pair_logps(engine, pairs)

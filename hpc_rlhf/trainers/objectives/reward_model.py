@@ -9,11 +9,11 @@ from ...algorithms.reward_model_loss import pairwise_reward_loss
 from ...checkpoint.hf_export import save_hf
 from ...data.preference import load_pairs
 from ...models.reward_model import LastTokenScores, load_reward_model
-from .common import (PREFERENCE_OBJECTIVES, LossOut, Objective, StepView, balanced_chunks, collate_pairs,
+from .common import (OFFLINE_OBJECTIVES, LossOut, Objective, StepView, balanced_chunks, collate_pairs,
                      pair_stats, split_pairs, sum_over_ranks)
 
 
-@PREFERENCE_OBJECTIVES.register("rm")
+@OFFLINE_OBJECTIVES.register("rm")
 class RewardModel(Objective):
     def load_data(self):
         return load_pairs(self.cfg.data, self.tokenizer, self.cfg.train.seed, self.cfg.objective.margin_key)
