@@ -134,10 +134,10 @@ def test_every_objective_section_names_a_registered_unit():
     from typing import get_type_hints
 
     from hpc_rlhf.commands import COMMANDS, resolve
-    from hpc_rlhf.trainers.objectives import PREFERENCE_OBJECTIVES
+    from hpc_rlhf.trainers.objectives import OFFLINE_OBJECTIVES
     units = {name: hints["objective"].unit for name, command in COMMANDS.items()
              for hints in [get_type_hints(resolve(command.config))] if "objective" in hints}
-    assert len(units) == 7 and all(unit in PREFERENCE_OBJECTIVES for unit in units.values()), units
+    assert len(units) == 7 and all(unit in OFFLINE_OBJECTIVES for unit in units.values()), units
 
 
 def test_advantage_whitening_and_eps_options():

@@ -29,7 +29,7 @@ def _one_step(jobs: dict[str, tuple[str, str, str, list[str]]]) -> dict:
     from hpc_rlhf.distributed.env import read_env
     from hpc_rlhf.engines.deepspeed_strategy import build_engine
     from hpc_rlhf.models.loading import load_tokenizer
-    from hpc_rlhf.trainers.objectives import PREFERENCE_OBJECTIVES
+    from hpc_rlhf.trainers.objectives import OFFLINE_OBJECTIVES
     from hpc_rlhf.trainers.objectives.common import StepView
     from hpc_rlhf.trainers.offline import evaluate, train_step
 
@@ -41,7 +41,7 @@ def _one_step(jobs: dict[str, tuple[str, str, str, list[str]]]) -> dict:
                            "zero_stage=0", "max_norm=0", "max_len=64", "eval_split_ratio=0.1", *overrides])
         torch.manual_seed(0)
         tokenizer = load_tokenizer(model_dir)
-        unit = PREFERENCE_OBJECTIVES.get(cfg.objective.unit)(cfg, de, torch.device("cpu"), tokenizer)
+        unit = OFFLINE_OBJECTIVES.get(cfg.objective.unit)(cfg, de, torch.device("cpu"), tokenizer)
         train, evals, _ = unit.load_data()
         unit.prepare([train, evals])
         engine = build_engine(unit.build_model(), cfg.train, cfg.train.learning_rate, "fp32", 1, de.world_size)

@@ -193,7 +193,7 @@ def _kd_step(jobs: dict[str, list[str]]) -> dict:
     from hpc_rlhf.distributed.env import read_env
     from hpc_rlhf.engines.deepspeed_strategy import build_engine
     from hpc_rlhf.models.loading import load_tokenizer
-    from hpc_rlhf.trainers.objectives import PREFERENCE_OBJECTIVES
+    from hpc_rlhf.trainers.objectives import OFFLINE_OBJECTIVES
     from hpc_rlhf.trainers.objectives.common import StepView
     from hpc_rlhf.trainers.offline import evaluate, train_step
 
@@ -203,7 +203,7 @@ def _kd_step(jobs: dict[str, list[str]]) -> dict:
         cfg = load_config(KDConfig, None, ["param_dtype=fp32", "train_batch_size=8", "zero_stage=0", "max_norm=0",
                                            "max_len=64", "eval_split_ratio=0.1", *overrides])
         torch.manual_seed(0)
-        unit = PREFERENCE_OBJECTIVES.get("kd")(cfg, de, torch.device("cpu"), load_tokenizer(cfg.model.pretrain))
+        unit = OFFLINE_OBJECTIVES.get("kd")(cfg, de, torch.device("cpu"), load_tokenizer(cfg.model.pretrain))
         train, evals, _ = unit.load_data()
         unit.prepare([train, evals])
         engine = build_engine(unit.build_model(), cfg.train, cfg.train.learning_rate, "fp32", 1, de.world_size)

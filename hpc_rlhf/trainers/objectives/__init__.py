@@ -2,9 +2,9 @@
 
 Importing this package registers every unit (sft, rm, dpo, kto, simpo, orpo, prm, kd).  Adding an objective is
 one module with one decorated class, plus its config section in `config/preference.py` (sft has its own
-config, `config/sft.py`).  ``PREFERENCE_OBJECTIVES`` is the same registry under its earlier name.
+config, `config/sft.py`).
 """
 from . import distill, dpo, kto, process_reward, reference_free, reward_model, sft  # noqa: F401  (registration)
-from .common import OFFLINE_OBJECTIVES, PREFERENCE_OBJECTIVES, Objective
+from .common import OFFLINE_OBJECTIVES, Objective
 
-__all__ = ["OFFLINE_OBJECTIVES", "PREFERENCE_OBJECTIVES", "Objective"]
+__all__ = ["OFFLINE_OBJECTIVES", "Objective"]

@@ -22,7 +22,6 @@ from ...data.packing import Batch, collate_padded
 from ...models.loading import load_causal_lm
 
 OFFLINE_OBJECTIVES: Registry = Registry("offline objective")
-PREFERENCE_OBJECTIVES = OFFLINE_OBJECTIVES  # the earlier name
 
 
 # ---------------------------------------------------------------------------------------------------
