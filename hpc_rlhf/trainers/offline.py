@@ -23,8 +23,8 @@ from ..config import SFTConfig, dump_yaml
 from ..data.batching import EpochSampler
 from ..distributed.collectives import barrier
 from ..distributed.env import DistEnv, device_for
-from ..engines.deepspeed_strategy import build_engine
 from ..distributed.preemption import StopRequest
+from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import load_tokenizer, resolve_pretrained
 from .lifecycle import resume, run_in_world
 from .loop import StepBoundary, run_steps
