@@ -11,6 +11,8 @@ import time
 import pytest
 from sft_fixtures import losses, sft_config, wait_for_steps, with_paths
 
+pytestmark = pytest.mark.slow  # about 50 s: the default suite stays under 12 minutes
+
 
 def test_signal_stops_every_rank_with_a_checkpoint_and_resume_is_exact(tmp_path):
     """SIGTERM (what SLURM sends on preemption); the SLURM tests cover USR1 and the requeue."""

@@ -12,9 +12,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 from rl_fixtures import make_assets, merged
+
+pytestmark = pytest.mark.slow  # about 26 s: the default suite stays under 12 minutes
 
 
 def test_killed_rollout_rank_stops_every_rank(tmp_path):
