@@ -55,6 +55,11 @@ class EpochSampler:
         return perm[positions[self.rank::self.world_size]].tolist()
 
 
+def chunks(items: Sequence, size: int) -> list[list]:
+    """``items`` cut into consecutive lists of ``size`` (the last may be shorter)."""
+    return [list(items[i:i + size]) for i in range(0, len(items), size)]
+
+
 def _split_largest(groups: list[list[Sample]]) -> None:
     """Split the group with the most tokens (of those with 2+ samples) where the halves balance best."""
     candidates = [i for i, g in enumerate(groups) if len(g) > 1]

@@ -7,12 +7,9 @@ from typing import Callable
 import torch
 
 from ..algorithms.aggregation import StepNorm
+from ..data.batching import chunks
 from ..distributed.collectives import sum_over_ranks
 from .experience import Experience, RLBatch, collate, unpadded
-
-
-def chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 @torch.no_grad()

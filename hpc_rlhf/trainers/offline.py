@@ -21,7 +21,7 @@ from ..checkpoint.rng import seed_everything
 from ..checkpoint.store import save_checkpoint
 from ..config import SFTConfig, dump_yaml
 from ..data.batching import EpochSampler
-from ..distributed.collectives import barrier
+from ..distributed.collectives import barrier, max_over_ranks
 from ..distributed.env import DistEnv, device_for
 from ..distributed.preemption import StopRequest
 from ..engines.deepspeed_strategy import build_engine
@@ -29,7 +29,7 @@ from ..models.loading import load_tokenizer, resolve_pretrained
 from .lifecycle import resume, run_in_world
 from .loop import StepBoundary, run_steps
 from .objectives import OFFLINE_OBJECTIVES, Objective
-from .objectives.common import Stats, StepView, balanced, max_over_ranks
+from .objectives.common import Stats, StepView, balanced
 
 log = logging.getLogger("hpc_rlhf.offline")
 

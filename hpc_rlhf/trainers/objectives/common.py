@@ -17,8 +17,9 @@ import torch
 from ...algorithms.preference import sequence_logprobs
 from ...algorithms.registry import Registry
 from ...checkpoint.hf_export import save_hf
-from ...distributed.collectives import max_over_ranks, sum_over_ranks  # noqa: F401 (objectives import them here)
+from ...data.batching import chunks
 from ...data.packing import Batch, collate_padded
+from ...distributed.collectives import max_over_ranks, sum_over_ranks
 from ...models.loading import load_causal_lm
 
 OFFLINE_OBJECTIVES: Registry = Registry("offline objective")
@@ -26,10 +27,6 @@ OFFLINE_OBJECTIVES: Registry = Registry("offline objective")
 
 # ---------------------------------------------------------------------------------------------------
 # collectives and micro-batches
-
-
-def chunks(items: Sequence, size: int) -> list[list]:
-    return [list(items[i:i + size]) for i in range(0, len(items), size)]
 
 
 def balanced(groups: list[list], filler: Sequence) -> list[tuple[list, bool]]:

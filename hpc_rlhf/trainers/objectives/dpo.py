@@ -6,9 +6,11 @@ from typing import Sequence
 import torch
 
 from ...algorithms.preference import dpo_loss
+from ...data.batching import chunks
 from ...data.preference import load_pairs
-from .common import (OFFLINE_OBJECTIVES, LossOut, PolicyObjective, Reference, chunks, collate_pairs,
-                     pair_stats, scalar_stat, split_pairs, sum_over_ranks)
+from ...distributed.collectives import sum_over_ranks
+from .common import (OFFLINE_OBJECTIVES, LossOut, PolicyObjective, Reference, collate_pairs,
+                     pair_stats, scalar_stat, split_pairs)
 
 
 def precompute_pair_logps(ref: Reference, datasets: Sequence[list], micro: int, rank: int,

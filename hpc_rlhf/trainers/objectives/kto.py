@@ -8,8 +8,9 @@ import torch
 from ...algorithms.preference import kto_loss, kto_reference_point
 from ...data.packing import collate_padded
 from ...data.preference import load_labelled
+from ...distributed.collectives import sum_over_ranks
 from .common import (OFFLINE_OBJECTIVES, LossOut, PolicyObjective, Reference, StepView, balanced_chunks,
-                     mean_stat, scalar_stat, sequence_logps, sum_over_ranks)
+                     mean_stat, scalar_stat, sequence_logps)
 
 
 @OFFLINE_OBJECTIVES.register("kto")

@@ -8,9 +8,10 @@ import torch
 from ...algorithms.reward_model_loss import pairwise_reward_loss
 from ...checkpoint.hf_export import save_hf
 from ...data.preference import load_pairs
+from ...distributed.collectives import sum_over_ranks
 from ...models.reward_model import LastTokenScores, load_reward_model
 from .common import (OFFLINE_OBJECTIVES, LossOut, Objective, StepView, balanced_chunks, collate_pairs,
-                     pair_stats, split_pairs, sum_over_ranks)
+                     pair_stats, split_pairs)
 
 
 @OFFLINE_OBJECTIVES.register("rm")

@@ -13,8 +13,9 @@ from ...algorithms.sft_loss import token_nll_sum
 from ...data.batching import split_micro_batches
 from ...data.packing import Batch, collate_packed, collate_padded, packed_attention_mask
 from ...data.sft import Sample, load_sft_data
+from ...distributed.collectives import max_over_ranks
 from ...models.loading import check_packing
-from .common import OFFLINE_OBJECTIVES, LossOut, PolicyObjective, StepView, max_over_ranks
+from .common import OFFLINE_OBJECTIVES, LossOut, PolicyObjective, StepView
 from .per_unit_mean import StepUnits, as_item_mean
 
 
