@@ -349,3 +349,64 @@ def test_estimator_from_config_refuses_an_option_the_estimator_lacks():
         estimator_from_config(algo("group_norm", whiten=True))
     with pytest.raises(ValueError, match="algo.advantage_eps does not apply to advantage_estimator 'dr_grpo'"):
         estimator_from_config(algo("dr_grpo", eps=1e-3))
+
+
+# ---- invalid samples (their reward function failed: the reward is a placeholder, NaN or 0) ----------------
+NAN = float("nan")
+
+
+def test_a_valid_sample_whose_only_peer_failed_gets_zero():
+    # group {7: 1.0 valid, 0.0 invalid}: one valid sample, no baseline -> 0 (with the placeholder 0.0 counted
+    # it got +0.70711 under group_norm); group {3: 2, 0} both valid -> +-0.70711 as in test_group_norm_grpo
+    valid = torch.tensor([True, False, True, True])
+    a = 1 / math.sqrt(2)
+    for placeholder in (0.0, NAN):
+        rewards = torch.tensor([1.0, placeholder, 2.0, 0.0])
+        for name, want in (("group_norm", [0, 0, a, -a]), ("dr_grpo", [0, 0, 1, -1]), ("rloo", [0, 0, 2, -2])):
+            adv, _ = make_advantage_estimator(name).compute(rewards, ZERO, MASK, group_ids=GIDS, valid=valid)
+            assert adv[:, 0].tolist() == pytest.approx(want, abs=1e-5), (name, placeholder)
+            assert adv[1].abs().sum() == 0 and not adv.isnan().any()
+
+
+def test_invalid_samples_enter_no_group_statistic():
+    # one group of four: rewards 1, 3, [invalid], 5 (placeholder 100 must not count)
+    gid, mask = torch.zeros(4, dtype=torch.long), torch.ones(4, 1)
+    r, valid = torch.tensor([1.0, 3.0, 100.0, 5.0]), torch.tensor([True, True, False, True])
+    # valid mean 3, sample std 2 -> group_norm (r - 3) / 2 = -1, 0, 1
+    adv, _ = make_advantage_estimator("group_norm", eps=0.0).compute(r, None, mask, group_ids=gid, valid=valid)
+    assert adv[:, 0].tolist() == pytest.approx([-1, 0, 0, 1])
+    # leave-one-out: 1 - (3+5)/2 = -3, 3 - (1+5)/2 = 0, 5 - (1+3)/2 = 3
+    adv, _ = make_advantage_estimator("rloo").compute(r, None, mask, group_ids=gid, valid=valid)
+    assert adv[:, 0].tolist() == pytest.approx([-3, 0, 0, 3])
+    # reinforce_baseline: centred -2, 0, 2, whitened over the 3 valid tokens (mean 0, var 8/3)
+    adv, ret = make_advantage_estimator("reinforce_baseline").compute(r, None, mask, group_ids=gid, valid=valid)
+    s = math.sqrt(8 / 3)
+    assert ret[:, 0].tolist() == pytest.approx([-2, 0, 0, 2])
+    assert adv[:, 0].tolist() == pytest.approx([-2 / s, 0, 0, 2 / s], abs=1e-6)
+    # every estimator: the invalid sample gets exactly 0, and equal valid rewards give exactly 0
+    tied = torch.tensor([0.7, 0.7, NAN, 0.7])
+    for name in ("group_norm", "dr_grpo", "rloo", "reinforce_baseline"):
+        est = make_advantage_estimator(name)
+        assert est.compute(r, None, mask, group_ids=gid, valid=valid)[0][2].item() == 0
+        assert est.compute(tied, None, mask, group_ids=gid, valid=valid)[0].abs().sum().item() == 0, name
+
+
+def test_global_whitening_skips_invalid_samples():
+    # reinforce: returns 1 and 3 whiten to -1 and +1 (mean 2, var 1); the invalid sample (NaN) is 0, not NaN
+    r, valid = torch.tensor([1.0, NAN, 3.0]), torch.tensor([True, False, True])
+    adv, ret = Reinforce().compute(r, None, torch.ones(3, 1), valid=valid)
+    assert adv[:, 0].tolist() == pytest.approx([-1, 0, 1], abs=1e-6)
+    assert ret[:, 0].tolist() == [1, 0, 3]
+    # gae: the same, with zero values
+    adv, _ = GAE().compute(r, None, torch.ones(3, 1), values=torch.zeros(3, 1), valid=valid)
+    assert adv[:, 0].tolist() == pytest.approx([-1, 0, 1], abs=1e-6)
+
+
+def test_group_with_no_valid_sample():
+    mean, std = group_mean_std(torch.tensor([NAN, NAN, 2.0]), torch.tensor([0, 0, 1]),
+                               valid=torch.tensor([False, False, True]))
+    assert mean.tolist() == [0, 0, 2] and std.tolist() == [0, 0, 0]
+    adv, _ = make_advantage_estimator("group_norm").compute(torch.tensor([NAN, NAN]), None, torch.ones(2, 2),
+                                                            group_ids=torch.tensor([0, 0]),
+                                                            valid=torch.tensor([False, False]))
+    assert adv.abs().sum() == 0

@@ -117,3 +117,27 @@ def test_two_single_process_runs_at_once(assets, monkeypatch):
         runs = {name: start_rl(cfg, root, name) for name in ("lone_a", "lone_b")}
         for name, proc in runs.items():
             assert [m["step"] for m in finish_rl(proc, root, name, timeout=300)] == [1], name
+
+
+HALF_FAILING = '''
+def reward_func(queries, prompts, labels):
+    # every second sample of a batch fails (NaN): with 2 samples per prompt each group keeps one valid sample
+    return [float("nan") if i % 2 else len(set(q[len(p):])) / 6.0 for i, (q, p) in enumerate(zip(queries, prompts))]
+'''
+
+
+def test_failed_rewards_enter_no_group_statistic(assets):
+    """One step of GRPO (dynamic filtering on) where one sample of every group has no reward: the valid sample
+    alone has no baseline, so every advantage is 0 (the failed sample used to count as a reward of 0:
+    advantages/mean was 0.707 here)."""
+    root, base = assets
+    reward = root / "half_failing.py"
+    reward.write_text(HALF_FAILING)
+    cfg = merged(base, train={"max_steps": 1}, placement={"colocate_all": True}, reward={"reward_func": str(reward)},
+                 algo={"advantage_estimator": "group_norm"},
+                 rollout={"dynamic_filtering": True, "dynamic_filtering_max_rounds": 2})
+    [m] = run_rl(cfg, root, "half_failing")
+    # dynamic filtering drops a group with fewer than two valid rewards (no advantage), in both rounds here
+    assert m["rollout/filtered_groups"] == 8 and m["rollout/filled_groups"] == 4
+    assert m["reward/invalid"] == 4 and m["advantages/mean"] == 0
+    assert m["reward/invalid_groups"] == 4 and m["reward/groups_few_valid"] == 4

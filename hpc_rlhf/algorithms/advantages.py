@@ -15,6 +15,11 @@ whitening statistics are taken in float64, and a group whose rewards are all equ
 zero advantage (in float32 a group mean of eight rewards of 5.3 lands an ulp off them, and dividing
 by a std just as small gave the whole group an advantage of +0.32); the advantages are float32.
 
+Invalid samples.  ``valid`` [B] bool (None: all valid) marks the samples whose reward exists.  An invalid
+sample (its reward function failed; its reward is a placeholder) enters no statistic (group mean and std,
+leave-one-out baselines, global whitening) and gets advantage 0 on every token; a group with fewer than two
+valid samples gets advantage 0 throughout.
+
 Per-token reward.  Where an estimator works with token rewards it uses
     r_t = token_rewards_t + [t = last valid token] · (scalar reward of the sample)
 so the outcome reward sits on the last real response token (a sample with no valid token gets
@@ -49,6 +54,17 @@ def _check(rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor) -> No
                          f"got {tuple(token_rewards.shape)}")
 
 
+def _valid_only(rewards: Tensor, mask: Tensor, valid: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """``rewards`` with the placeholder of each invalid sample set to 0 (it may be NaN) and ``mask`` with
+    the rows of invalid samples zeroed."""
+    if valid is None:
+        return rewards, mask
+    if valid.shape != rewards.shape:
+        raise ValueError(f"valid must be [B]={tuple(rewards.shape)}, got {tuple(valid.shape)}")
+    v = valid.to(torch.bool)
+    return torch.where(v, rewards, torch.zeros_like(rewards)), mask * v.to(mask.dtype)[:, None]
+
+
 def _need_groups(name: str, group_ids: Optional[Tensor], rewards: Tensor) -> Tensor:
     if group_ids is None:
         raise ValueError(f"advantage_estimator {name!r} needs group_ids (samples of the same prompt)")
@@ -81,9 +97,9 @@ class AdvantageEstimator:
 
     def compute(self, rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor,
                 values: Optional[Tensor] = None, group_ids: Optional[Tensor] = None,
-                gamma: float = 1.0, lambd: float = 1.0,
-                all_reduce: AllReduce = None) -> tuple[Tensor, Optional[Tensor]]:
-        """(advantages [B, R], returns [B, R] or None); both float32 and 0 on padding."""
+                gamma: float = 1.0, lambd: float = 1.0, all_reduce: AllReduce = None,
+                valid: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+        """(advantages [B, R], returns [B, R] or None); both float32 and 0 on padding and on invalid samples."""
         raise NotImplementedError
 
 
@@ -101,8 +117,9 @@ class GAE(AdvantageEstimator):
     eps: float = 1e-8
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
-                lambd=1.0, all_reduce=None):
+                lambd=1.0, all_reduce=None, valid=None):
         _check(rewards, token_rewards, mask)
+        rewards, mask = _valid_only(rewards, mask, valid)
         if values is None:
             raise ValueError("advantage_estimator 'gae' needs critic values [B, R]")
         if values.shape != mask.shape:
@@ -133,8 +150,9 @@ class Reinforce(AdvantageEstimator):
         return (masked_whiten(g, mask, all_reduce, eps=self.eps) if self.whiten else g), g
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
-                lambd=1.0, all_reduce=None):
+                lambd=1.0, all_reduce=None, valid=None):
         _check(rewards, token_rewards, mask)
+        rewards, mask = _valid_only(rewards, mask, valid)
         return self._returns(rewards, token_rewards, mask, gamma, all_reduce)
 
 
@@ -149,10 +167,11 @@ class ReinforceBaseline(Reinforce):
     uses_groups: ClassVar[bool] = True
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
-                lambd=1.0, all_reduce=None):
+                lambd=1.0, all_reduce=None, valid=None):
         _check(rewards, token_rewards, mask)
+        rewards, mask = _valid_only(rewards, mask, valid)
         gid = _need_groups(self.name, group_ids, rewards)
-        shaped = group_centered(rewards.float(), gid).float()
+        shaped = group_centered(rewards.float(), gid, valid).float()
         return self._returns(shaped, token_rewards, mask, gamma, all_reduce)
 
 
@@ -168,12 +187,13 @@ class RLOO(Reinforce):
     whiten: bool = False
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
-                lambd=1.0, all_reduce=None):
+                lambd=1.0, all_reduce=None, valid=None):
         _check(rewards, token_rewards, mask)
+        rewards, mask = _valid_only(rewards, mask, valid)
         gid = _need_groups(self.name, group_ids, rewards)
         r = rewards.float()
-        _, c = group_sum_count(r, gid)
-        shaped = group_centered(r, gid) * c / (c - 1.0).clamp(min=1.0)   # a lone sample: 0
+        _, c = group_sum_count(r, gid, valid)
+        shaped = group_centered(r, gid, valid) * c / (c - 1.0).clamp(min=1.0)   # a lone valid sample: 0
         return self._returns(shaped.float(), token_rewards, mask, gamma, all_reduce)
 
 
@@ -193,12 +213,13 @@ class GroupNorm(AdvantageEstimator):
     eps: float = 1e-6
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
-                lambd=1.0, all_reduce=None):
+                lambd=1.0, all_reduce=None, valid=None):
         _check(rewards, token_rewards, mask)
+        rewards, mask = _valid_only(rewards, mask, valid)
         gid = _need_groups(self.name, group_ids, rewards)
         R = sequence_reward(rewards, token_rewards, mask)
-        _, std = group_mean_std(R, gid, unbiased=True)
-        a = group_centered(R, gid) / (std + self.eps)
+        _, std = group_mean_std(R, gid, unbiased=True, valid=valid)
+        a = group_centered(R, gid, valid) / (std + self.eps)
         return a.float()[:, None] * mask.float(), None
 
 
@@ -216,11 +237,12 @@ class DrGRPO(AdvantageEstimator):
     uses_groups: ClassVar[bool] = True
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
-                lambd=1.0, all_reduce=None):
+                lambd=1.0, all_reduce=None, valid=None):
         _check(rewards, token_rewards, mask)
+        rewards, mask = _valid_only(rewards, mask, valid)
         gid = _need_groups(self.name, group_ids, rewards)
         R = sequence_reward(rewards, token_rewards, mask)
-        return group_centered(R, gid).float()[:, None] * mask.float(), None
+        return group_centered(R, gid, valid).float()[:, None] * mask.float(), None
 
 
 def make_advantage_estimator(name: str, **kwargs) -> AdvantageEstimator:

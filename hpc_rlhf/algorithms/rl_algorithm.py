@@ -46,11 +46,12 @@ class RLAlgorithm:
 
     # ---- advantages ---------------------------------------------------------------------------------------
     def advantages(self, rewards: Tensor, mask: Tensor, group_ids: Tensor, old: Optional[Tensor],
-                   ref: Optional[Tensor], values: Optional[Tensor],
-                   all_reduce: AllReduce) -> tuple[Tensor, Optional[Tensor], Tensor]:
+                   ref: Optional[Tensor], values: Optional[Tensor], all_reduce: AllReduce,
+                   valid: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor], Tensor]:
         """(advantages, returns or None, per-token KL of the samples) for one shard.  The KL (old policy
         against the reference) is measured when both log-probs are there; with the KL in the reward it
-        enters the token rewards at the controller's current coefficient."""
+        enters the token rewards at the controller's current coefficient.  ``valid`` [B]: the samples whose
+        reward exists (the others enter no statistic and get advantage 0)."""
         token_rewards = torch.zeros_like(mask)
         kl = torch.zeros_like(mask)
         if old is not None and ref is not None:
@@ -58,7 +59,8 @@ class RLAlgorithm:
             if not self.use_kl_loss:
                 token_rewards = kl_penalty_rewards(kl, self.kl_ctl.value, mask)
         adv, ret = self.estimator.compute(rewards, token_rewards, mask, values=values, group_ids=group_ids,
-                                          gamma=self.cfg.gamma, lambd=self.cfg.lambd, all_reduce=all_reduce)
+                                          gamma=self.cfg.gamma, lambd=self.cfg.lambd, all_reduce=all_reduce,
+                                          valid=valid)
         return adv, ret, kl
 
     # ---- losses -------------------------------------------------------------------------------------------

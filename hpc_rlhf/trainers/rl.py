@@ -157,12 +157,13 @@ class RLRun:
         def compute(shard: list[Experience]) -> list:
             R = max(len(s.response_ids) for s in shard)
             mask = padded([[1.0] * len(s.response_ids) for s in shard], R)
-            mask = mask * torch.tensor([s.reward_valid for s in shard])[:, None]
+            valid = torch.tensor([s.reward_valid for s in shard])
+            mask = mask * valid[:, None]
             rows = {k: [getattr(s, k) for s in shard] for k in ("old_logprobs", "ref_logprobs", "values")}
             old, ref, values = (padded(v, R) if v[0] is not None else None for v in rows.values())
             adv, ret, kl = self.algo.advantages(torch.tensor([reward_of[s.uid] for s in shard]), mask,
                                                 torch.tensor([s.prompt_index for s in shard]), old, ref, values,
-                                                all_reduce=sum_over_ranks)
+                                                all_reduce=sum_over_ranks, valid=valid)
             for s, a in zip(shard, unpadded(adv, shard)):
                 s.advantages = a
             stats = sum_over_ranks(torch.tensor([float((kl * mask).sum()), float(mask.sum()),
@@ -196,6 +197,7 @@ class RLRun:
         merged.update({
             "reward/mean": sum(raw) / max(len(raw), 1),
             "reward/invalid": float(sum(not s.reward_valid for s in samples)),
+            **invalid_group_counts(samples, self.algo.estimator.uses_groups),
             "response_length/mean": sum(lengths) / len(lengths),
             "response_length/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
             "rollout/policy_lag": sum(step - s.policy_step for s in samples) / len(samples),
@@ -236,6 +238,19 @@ class RLRun:
         if self.cfg.train.async_train:
             self.collector.ahead.load(state.get("rank_state"))
         return state["step"]
+
+
+def invalid_group_counts(samples: list[Experience], uses_groups: bool) -> dict[str, float]:
+    """Per-group counts of failed rewards: ``reward/invalid_groups``, the groups (prompts) with an invalid
+    sample; for group estimators also ``reward/groups_few_valid``, those with fewer than two valid samples,
+    whose advantages are all 0."""
+    valid_of: dict[int, list[bool]] = {}
+    for s in samples:
+        valid_of.setdefault(s.prompt_index, []).append(s.reward_valid)
+    out = {"reward/invalid_groups": float(sum(not all(v) for v in valid_of.values()))}
+    if uses_groups:
+        out["reward/groups_few_valid"] = float(sum(sum(v) < 2 for v in valid_of.values()))
+    return out
 
 
 def run_rl(cfg: RLConfig) -> dict[str, float]:

@@ -119,7 +119,8 @@ class Collector:
         return _summed(e for _, e in gathered)
 
     def collect(self, step: int) -> tuple[list[Experience], dict[str, float]]:
-        """Generate and score; with dynamic filtering, replace groups whose rewards are all equal.  Then, on
+        """Generate and score; with dynamic filtering, replace groups whose valid rewards are all equal (or
+        fewer than two).  Then, on
         rollout-only ranks under async_train, the next step's samples."""
         t0 = time.time()
         samples, metrics = self._rounds(step)
@@ -143,8 +144,8 @@ class Collector:
                 return samples, metrics
             for g in sorted({s.prompt_index for s in samples}):
                 group = [s for s in samples if s.prompt_index == g]
-                rewards = [s.reward for s in group]
-                (kept if max(rewards) - min(rewards) > 1e-6 else dropped).extend(group)
+                rewards = [s.reward for s in group if s.reward_valid]  # fewer than two: no advantage either
+                (kept if len(rewards) > 1 and max(rewards) - min(rewards) > 1e-6 else dropped).extend(group)
             if len(kept) // n >= B:
                 break
         kept = kept[:B * n]
