@@ -203,6 +203,15 @@ def test_only_the_main_rank_reports(rl_inputs, no_run, tmp_path, capsys, monkeyp
                                       "does not exist\n"
 
 
+@pytest.fixture(scope="module")
+def cli_start_s():
+    """Seconds `python -m hpc_rlhf.cli --help` takes here and now: starting Python and importing torch, which no
+    error can avoid (about 4 s on an idle 2-core machine, twice that when it is busy)."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "--help"], capture_output=True, check=True, cwd=ROOT)
+    return time.monotonic() - start
+
+
 @pytest.mark.parametrize("override, key", [
     ("rollout.temperature=-1", "rollout.temperature"),
     ("train.micro_train_batch_size=0", "train.micro_train_batch_size"),
@@ -210,8 +219,9 @@ def test_only_the_main_rank_reports(rl_inputs, no_run, tmp_path, capsys, monkeyp
     ("reward.reward_func=MISSING/reward.py", "reward.reward_func"),
     ("model.pretrain=MISSING/model", "model.pretrain"),
 ], ids=["temperature", "micro-batch", "learning-rate", "reward-func", "pretrain"])
-def test_cli_exits_2_with_one_line_before_any_rank_starts(rl_inputs, tmp_path, override, key):
+def test_cli_exits_2_with_one_line_before_any_rank_starts(rl_inputs, tmp_path, override, key, cli_start_s):
     # the config needs 3 ranks (actor, rollout, reward): the launching process stops before it starts them
+    # (these runs took 36-47 s and printed a traceback per rank, or the same line 3 times, before the checks)
     override = override.replace("MISSING", str(tmp_path / "missing"))
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "train", "rl", *rl_inputs, override],
@@ -220,4 +230,12 @@ def test_cli_exits_2_with_one_line_before_any_rank_starts(rl_inputs, tmp_path, o
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1 and err[0].startswith(f"hpc-rlhf: config error: {key}: "), \
         proc.stderr[-3000:]
-    assert elapsed < 10, elapsed
+    assert elapsed < max(10.0, 2 * cli_start_s), (elapsed, cli_start_s)  # 10 s unless the machine is busy
+
+
+def test_the_option_reference_shows_the_ranges():
+    text = commands.option_reference()
+    for row in ("| `rollout.temperature` | float, >= 0 | `1.0` |", "| `ckpt.save_steps` | int, -1 or >= 1 | `-1` |",
+                "| `train.adam_betas` | list[float], each in [0, 1) |", "| `rollout.top_p` | float, in (0, 1] |",
+                "| `reward.truncated_reward` | float \\| null | `null` |"):
+        assert row in text, row
