@@ -118,6 +118,8 @@ def test_config_options_and_checks():
     assert (cfg.algo.is_correction, cfg.algo.is_low, cfg.algo.is_high) == ("icepop", 0.0, 5.0)
     with pytest.raises(ConfigError, match="algo.is_correction: 'ice' is not allowed"):
         load_config(RLConfig, None, base + ["is_correction=ice"])
-    for bad in (["is_low=-0.1"], ["is_low=2", "is_high=2"], ["is_high=0.4"]):
+    with pytest.raises(ConfigError, match="algo.is_low: -0.1 is out of range; it must be >= 0"):
+        load_config(RLConfig, None, base + ["is_low=-0.1"])
+    for bad in (["is_low=2", "is_high=2"], ["is_high=0.4"]):
         with pytest.raises(ConfigError, match="algo.is_low and algo.is_high need 0 <= is_low < is_high"):
             load_config(RLConfig, None, base + bad)

@@ -149,5 +149,5 @@ def test_advantage_whitening_and_eps_options():
     with pytest.raises(ConfigError, match="algo.whiten_advantages does not apply to advantage_estimator "
                                           "'group_norm'"):
         load_config(RLConfig, None, RL_BASE + ["whiten_advantages=true"])
-    with pytest.raises(ConfigError, match="algo.advantage_eps must be > 0"):
+    with pytest.raises(ConfigError, match="algo.advantage_eps: 0 is out of range; it must be > 0"):
         load_config(RLConfig, None, RL_BASE + ["advantage_eps=0"])

@@ -317,8 +317,10 @@ def test_bad_rows_error_names_file_and_row(base, chat_data):
 
 
 @pytest.mark.parametrize("override, needle", [
-    ("pretrain=some-org/some-model", "some-org/some-model is not a local folder, and HF_HUB_OFFLINE is set"),
-    ("dataset=some-org/some-data", "some-org/some-data is not a local file or folder, and HF_HUB_OFFLINE is set"),
+    ("pretrain=some-org/some-model", "config error: model.pretrain: some-org/some-model is not a local folder, "
+                                     "and HF_HUB_OFFLINE is set"),
+    ("dataset=some-org/some-data", "config error: data.dataset: some-org/some-data is not a local file or folder, "
+                                   "and HF_HUB_OFFLINE is set"),
 ], ids=["pretrain", "dataset"])
 def test_offline_hub_name_exits_2(base, override, needle):
     root, config = base

@@ -1,13 +1,16 @@
 """Typed configs: nested dataclasses filled from a YAML file plus command-line overrides.
 
 A key is either a dotted path (``train.learning_rate``) or a leaf name that is unique in the
-config (``learning_rate``).  Unknown keys, wrong types and values outside a field's choices are
-errors raised at parse time with a sentence naming the key and what is allowed.
+config (``learning_rate``).  Unknown keys, wrong types, values outside a field's choices and numbers
+outside a field's range are errors raised at parse time with a sentence naming the key and what is
+allowed.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
 import re
 import types
 import typing
@@ -21,18 +24,62 @@ class ConfigError(ValueError):
     """A config value or key is invalid; the message names the key and what is allowed."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The numbers a numeric field takes: bounds (None: none on that side); ``choices`` are allowed besides."""
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple = ()
+
+    def __contains__(self, x: float) -> bool:
+        if x in self.choices:
+            return True
+        return ((self.ge is None or x >= self.ge) and (self.gt is None or x > self.gt)
+                and (self.le is None or x <= self.le) and (self.lt is None or x < self.lt))
+
+    def __str__(self) -> str:
+        """'>= 0', '> 0', 'in (0, 1]' ..., after the choices: '-1 or >= 1'."""
+        low = ("[", ">=", self.ge) if self.ge is not None else ("(", ">", self.gt) if self.gt is not None else None
+        high = ("]", "<=", self.le) if self.le is not None else (")", "<", self.lt) if self.lt is not None else None
+        if low and high:
+            text = f"in {low[0]}{_num(low[2])}, {_num(high[2])}{high[0]}"
+        else:
+            _, op, bound = low or high
+            text = f"{op} {_num(bound)}"
+        return " or ".join([*map(_num, self.choices), text])
+
+
+def _num(x: float) -> str:
+    """A number as a person writes it: -1 for -1.0, 1e-05, 4294967295."""
+    short = format(x, "g")
+    return short if float(short) == x else repr(x)
+
+
 def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | None = None, registry: Any = None,
-          default_factory: Any = dataclasses.MISSING):
+          default_factory: Any = dataclasses.MISSING, ge: float | None = None, gt: float | None = None,
+          le: float | None = None, lt: float | None = None, unbounded: bool = False, path: str | None = None):
     """A dataclass field that carries its help text (used by the generated reference).
 
     ``choices`` are the values allowed; ``registry`` (a ``Registry`` of units) allows the names registered in
-    it, read when a config is parsed, next to the ``choices`` (e.g. ``"none"``).
+    it, read when a config is parsed, next to the ``choices`` (e.g. ``"none"``).  A number (or each number of
+    a list) must be in the range that ``ge``/``gt``/``le``/``lt`` bound, or one of the ``choices``; every
+    numeric field declares a range, or ``unbounded=True`` when any number is meaningful.  ``path`` marks a
+    string naming what the run reads, checked before any rank starts: "model" (a model folder or hub name),
+    "file" (a local file) or "data" (data sources).
     """
-    meta = {"help": help}
-    if choices is not None:
+    meta: dict[str, Any] = {"help": help}
+    if ge is not None or gt is not None or le is not None or lt is not None:
+        meta["range"] = Range(ge, gt, le, lt, tuple(choices or ()))
+    elif choices is not None:
         meta["choices"] = choices
+    if unbounded:
+        meta["unbounded"] = True
     if registry is not None:
         meta["registry"] = registry
+    if path is not None:
+        meta["path"] = path
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -50,14 +97,21 @@ def _check_allowed(path: str, f: dataclasses.Field, value: Any) -> None:
     allowed = allowed_values(f)
     if allowed is not None and value is not None and value not in allowed:
         raise ConfigError(f"{path}: {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
+    bounds = f.metadata.get("range")
+    if bounds is not None and value is not None:
+        for i, x in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            if x not in bounds:
+                key = path if i is None else f"{path}[{i}]"
+                raise ConfigError(f"{key}: {_num(x)} is out of range; it must be {bounds}")
 
 
 def _is_config(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
+    return get_type_hints(cls)  # evaluates every annotation: slow, and asked once per key
 
 
 def leaf_paths(cls: type, prefix: str = "") -> dict[str, tuple[str, dataclasses.Field, Any]]:
@@ -71,6 +125,17 @@ def leaf_paths(cls: type, prefix: str = "") -> dict[str, tuple[str, dataclasses.
             out.update(leaf_paths(tp, path + "."))
         else:
             out[path] = (path, f, tp)
+    return out
+
+
+def leaf_values(cfg: Any) -> list[tuple[str, dataclasses.Field, Any]]:
+    """(dotted path, field, value) of every leaf of a config object."""
+    out = []
+    for path, (_, f, _) in leaf_paths(type(cfg)).items():
+        value = cfg
+        for name in path.split("."):
+            value = getattr(value, name)
+        out.append((path, f, value))
     return out
 
 
@@ -143,14 +208,15 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: {value!r} is not a number")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: {value!r} is not a number")
+        try:
+            number = float(value) if isinstance(value, (int, float, str)) else None
+        except ValueError:
+            number = None
+        if number is None:
+            raise ConfigError(f"{key}: {value!r} is not a number")
+        if not math.isfinite(number):
+            raise ConfigError(f"{key}: {value!r} is not a finite number")
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

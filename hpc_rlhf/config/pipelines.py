@@ -10,21 +10,16 @@ from .sections import EngineOptions, LaunchConfig
 
 @dataclass
 class GenModelConfig(EngineOptions):
-    pretrain: str = field(help="HF causal-LM folder (or hub name) that generates the responses")
+    pretrain: str = field(path="model", help="HF causal-LM folder (or hub name) that generates the responses")
     param_dtype: Literal["fp32", "bf16", "fp16"] = field("bf16", help="dtype the model runs in")
-    max_batch_size: int = field(64, help="sequences per generation batch on one rank")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.max_batch_size < 1:
-            raise ConfigError(f"model.max_batch_size must be >= 1, got {self.max_batch_size}")
+    max_batch_size: int = field(64, ge=1, help="sequences per generation batch on one rank")
 
 
 @dataclass
 class GenDataConfig:
-    prompt_data: list[str] = field(help="prompt sources (json/jsonl/parquet/csv/arrow files, save_to_disk "
-                                        "folders, hub names); their prompts are numbered in order, "
-                                        "source after source, bad rows left out")
+    prompt_data: list[str] = field(path="data", help="prompt sources (json/jsonl/parquet/csv/arrow files, save_to_disk "
+                                                     "folders, hub names); their prompts are numbered in order, "
+                                                     "source after source, bad rows left out")
     prompt_split: str = field("train", help="split read from sources that have several")
     input_key: str = field("input", help="column holding the prompt (a messages list with apply_chat_template)")
     label_key: str | None = field("label", help="column copied to every output row as `label` when a source "
@@ -35,8 +30,8 @@ class GenDataConfig:
     tokenizer_chat_template: str | None = field(None, help="override the tokenizer's chat template (Jinja)")
     prompt_prefix: str | None = field(None, help="text put before every rendered prompt (after the template), "
                                                  "e.g. '<rm_score>: 5.0 ' for conditional SFT")
-    prompt_max_len: int = field(1024, help="prompts longer than this (tokens, prefix included) are bad rows")
-    max_samples: int | None = field(None, help="use only the first N prompts")
+    prompt_max_len: int = field(1024, ge=1, help="prompts longer than this (tokens, prefix included) are bad rows")
+    max_samples: int | None = field(None, ge=1, help="use only the first N prompts")
     bad_rows: Literal["skip", "error"] = field("skip", help="skip (and report) or stop on a bad row")
 
     def validate(self) -> None:
@@ -50,21 +45,13 @@ class GenDataConfig:
 
 @dataclass
 class GenSamplingConfig:
-    n_samples_per_prompt: int = field(1, help="responses per prompt")
-    temperature: float = field(1.0, help="sampling temperature (0: greedy)")
-    top_p: float = field(1.0, help="nucleus sampling mass")
-    top_k: int = field(0, help="sample from the k most likely tokens (0: all)")
-    max_new_tokens: int = field(256, help="new tokens per response at most")
-    seed: int = field(42, help="sample j of prompt i is drawn with a seed made from (seed, i, j): the output "
-                               "does not depend on the number of ranks")
-
-    def validate(self) -> None:
-        if self.n_samples_per_prompt < 1:
-            raise ConfigError("sampling.n_samples_per_prompt must be >= 1")
-        if self.max_new_tokens < 1:
-            raise ConfigError("sampling.max_new_tokens must be >= 1")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ConfigError("sampling: temperature must be >= 0, top_p in (0, 1], top_k >= 0")
+    n_samples_per_prompt: int = field(1, ge=1, help="responses per prompt")
+    temperature: float = field(1.0, ge=0, help="sampling temperature (0: greedy)")
+    top_p: float = field(1.0, gt=0, le=1, help="nucleus sampling mass")
+    top_k: int = field(0, ge=0, help="sample from the k most likely tokens (0: all)")
+    max_new_tokens: int = field(256, ge=1, help="new tokens per response at most")
+    seed: int = field(42, ge=0, le=2**32 - 1, help="sample j of prompt i is drawn with a seed made from (seed, i, j): "
+                                                   "the output does not depend on the number of ranks")
 
 
 @dataclass
@@ -83,21 +70,18 @@ class GenerateConfig:
 
 @dataclass
 class RewardModelConfig:
-    reward_pretrain: str = field(help="reward model folder (AutoModelForSequenceClassification, one output)")
+    reward_pretrain: str = field(path="model",
+                                 help="reward model folder (AutoModelForSequenceClassification, one output)")
     reward_dtype: Literal["fp32", "bf16", "fp16"] = field("bf16", help="dtype the reward model runs in")
-    reward_batch_size: int = field(16, help="sequences per reward-model forward")
+    reward_batch_size: int = field(16, ge=1, help="sequences per reward-model forward")
     normalize_reward: bool = field(True, help="apply (r - reward_mean) / reward_std when the model config "
                                               "holds them")
     append_eos: bool = field(True, help="score prompt + response + EOS, the way `train rm` sees responses")
 
-    def validate(self) -> None:
-        if self.reward_batch_size < 1:
-            raise ConfigError(f"reward.reward_batch_size must be >= 1, got {self.reward_batch_size}")
-
 
 @dataclass
 class ScoreDataConfig:
-    input_path: str = field(help="jsonl file of rows to score (e.g. the output of `hpc-rlhf generate`)")
+    input_path: str = field(path="file", help="jsonl file of rows to score (e.g. the output of `hpc-rlhf generate`)")
     output_path: str = field(help="jsonl file written by rank 0: the input rows, in order, with the reward")
     prompt_key: str = field("prompt", help="column holding the prompt text")
     response_key: str = field("response", help="column holding the response text")
@@ -113,21 +97,16 @@ class ScoreConfig:
 
 @dataclass
 class IterationConfig:
-    rounds: int = field(2, help="rounds of generate -> score -> pairs -> train dpo")
+    rounds: int = field(2, ge=1, help="rounds of generate -> score -> pairs -> train dpo")
     output_dir: str = field("./iterative_dpo", help="round_<k>/ folders with every round's data, configs "
                                                     "and model")
-    min_margin: float = field(0.0, help="keep a prompt's best/worst pair only when the reward gap exceeds this")
-    dpo_config: str | None = field(None, help="YAML config of `train dpo` (objective, train, ...); model.pretrain, "
-                                              "data.dataset and ckpt paths are set by each round")
+    min_margin: float = field(0.0, ge=0, help="keep a prompt's best/worst pair only when the reward gap exceeds this")
+    dpo_config: str | None = field(None, path="file", help="YAML config of `train dpo` (objective, train, ...); "
+                                                           "model.pretrain, data.dataset and ckpt paths are set by "
+                                                           "each round")
     dpo_overrides: list[str] = field(default_factory=list, help="key=value overrides for every round's "
                                                                 "`train dpo` (comma-separated)")
-    stage_nproc: int = field(1, help="local ranks of each stage (generate, score, train dpo)")
-
-    def validate(self) -> None:
-        if self.rounds < 1:
-            raise ConfigError(f"iterative.rounds must be >= 1, got {self.rounds}")
-        if self.stage_nproc < 1:
-            raise ConfigError(f"iterative.stage_nproc must be >= 1, got {self.stage_nproc}")
+    stage_nproc: int = field(1, ge=1, help="local ranks of each stage (generate, score, train dpo)")
 
 
 @dataclass

@@ -29,19 +29,17 @@ class PreferenceDataConfig(SourcesConfig):
                                                   "template (responses: a string or a list of messages)")
     tokenizer_chat_template: str | None = field(None, help="override the tokenizer's chat template "
                                                            "(a Jinja string)")
-    max_len: int = field(2048, help="maximum tokens of one sequence (prompt + one response)")
+    max_len: int = field(2048, ge=2, help="maximum tokens of one sequence (prompt + one response)")
     truncate_responses: bool = field(False, help="cut responses so that prompt + response fits max_len (the "
                                                  "prompt is kept whole) instead of treating longer rows as "
                                                  "bad rows")
-    max_samples: int | None = field(None, help="cap on training rows (pairs) after mixing")
+    max_samples: int | None = field(None, ge=1, help="cap on training rows (pairs) after mixing")
     bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, empty, "
                                                             "wrong type, longer than max_len): skip it and "
                                                             "report the counts, or stop with an error")
 
     def validate(self) -> None:
         super().validate()
-        if self.max_len < 2:
-            raise ConfigError(f"data.max_len must be >= 2, got {self.max_len}")
         if self.input_template is not None and self.input_template.count("{}") != 1:
             raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
         if self.apply_chat_template and self.input_template is not None:
@@ -65,16 +63,6 @@ class UnpairedDataConfig(PreferenceDataConfig):
                                          "(undesirable); also 1/0 and 'true'/'false'")
 
 
-def _check_beta(section: str, beta: float) -> None:
-    if beta <= 0:
-        raise ConfigError(f"{section}.beta must be > 0, got {beta}")
-
-
-def _check_smoothing(value: float) -> None:
-    if not 0.0 <= value <= 0.5:
-        raise ConfigError(f"objective.label_smoothing must be in [0, 0.5], got {value}")
-
-
 @dataclass
 class RewardObjective:
     unit: ClassVar[str] = "rm"
@@ -88,61 +76,44 @@ class RewardObjective:
 @dataclass
 class DPOObjective:
     unit: ClassVar[str] = "dpo"
-    beta: float = field(0.1, help="strength of the implicit KL to the reference model")
+    beta: float = field(0.1, gt=0, help="strength of the implicit KL to the reference model")
     loss_type: Literal["sigmoid", "ipo"] = field("sigmoid", help="sigmoid: DPO (cDPO with label_smoothing); "
                                                                  "ipo: IPO's squared loss")
-    label_smoothing: float = field(0.0, help="cDPO: assumed fraction of flipped labels, in [0, 0.5] "
-                                             "(sigmoid only)")
-    nll_coef: float = field(0.0, help="weight of the chosen response's per-token NLL added to each pair's loss")
-    ref_pretrain: str | None = field(None, help="reference model (default: the model's pretrain)")
+    label_smoothing: float = field(0.0, ge=0, le=0.5, help="cDPO: assumed fraction of flipped labels, in [0, 0.5] "
+                                                           "(sigmoid only)")
+    nll_coef: float = field(0.0, ge=0, help="weight of the chosen response's per-token NLL added to each pair's loss")
+    ref_pretrain: str | None = field(None, path="model", help="reference model (default: the model's pretrain)")
     ref_precompute: bool = field(False, help="compute the reference log-probs of every pair once before "
                                              "training and free the reference model (saves its memory "
                                              "during training)")
 
     def validate(self) -> None:
-        _check_beta("objective", self.beta)
-        _check_smoothing(self.label_smoothing)
         if self.loss_type == "ipo" and self.label_smoothing > 0:
             raise ConfigError("objective.label_smoothing is defined for loss_type sigmoid (cDPO), not ipo")
-        if self.nll_coef < 0:
-            raise ConfigError(f"objective.nll_coef must be >= 0, got {self.nll_coef}")
 
 
 @dataclass
 class KTOObjective:
     unit: ClassVar[str] = "kto"
-    beta: float = field(0.1, help="strength of the implicit KL to the reference model")
-    desirable_weight: float = field(1.0, help="λ_D, weight of desirable rows (the paper advises "
-                                              "λ_D·n_D / (λ_U·n_U) in [1, 4/3])")
-    undesirable_weight: float = field(1.0, help="λ_U, weight of undesirable rows")
-    ref_pretrain: str | None = field(None, help="reference model (default: the model's pretrain)")
-
-    def validate(self) -> None:
-        _check_beta("objective", self.beta)
-        if self.desirable_weight < 0 or self.undesirable_weight < 0:
-            raise ConfigError("objective.desirable_weight and objective.undesirable_weight must be >= 0")
+    beta: float = field(0.1, gt=0, help="strength of the implicit KL to the reference model")
+    desirable_weight: float = field(1.0, ge=0, help="λ_D, weight of desirable rows (the paper advises "
+                                                    "λ_D·n_D / (λ_U·n_U) in [1, 4/3])")
+    undesirable_weight: float = field(1.0, ge=0, help="λ_U, weight of undesirable rows")
+    ref_pretrain: str | None = field(None, path="model", help="reference model (default: the model's pretrain)")
 
 
 @dataclass
 class SimPOObjective:
     unit: ClassVar[str] = "simpo"
-    beta: float = field(2.0, help="scale of the length-normalised log-prob rewards")
-    gamma: float = field(1.0, help="target reward margin γ between chosen and rejected")
-    label_smoothing: float = field(0.0, help="assumed fraction of flipped labels, in [0, 0.5]")
-
-    def validate(self) -> None:
-        _check_beta("objective", self.beta)
-        _check_smoothing(self.label_smoothing)
+    beta: float = field(2.0, gt=0, help="scale of the length-normalised log-prob rewards")
+    gamma: float = field(1.0, ge=0, help="target reward margin γ between chosen and rejected")
+    label_smoothing: float = field(0.0, ge=0, le=0.5, help="assumed fraction of flipped labels, in [0, 0.5]")
 
 
 @dataclass
 class ORPOObjective:
     unit: ClassVar[str] = "orpo"
-    orpo_lambda: float = field(0.1, help="λ, weight of the odds-ratio term added to the chosen response's NLL")
-
-    def validate(self) -> None:
-        if self.orpo_lambda < 0:
-            raise ConfigError(f"objective.orpo_lambda must be >= 0, got {self.orpo_lambda}")
+    orpo_lambda: float = field(0.1, ge=0, help="λ, weight of the odds-ratio term added to the chosen response's NLL")
 
 
 _MODEL_HELP = "the model and its adapters"
@@ -218,8 +189,8 @@ class ProcessDataConfig(SourcesConfig):
                                         "one token (add it to the tokenizer as a token if it does not)")
     soft_labels: bool = field(False, help="labels are probabilities in [0, 1] that the step is correct (soft "
                                           "cross-entropy) instead of hard correct/incorrect labels")
-    max_len: int = field(2048, help="maximum tokens of one row; a longer row is a bad row")
-    max_samples: int | None = field(None, help="cap on training rows after mixing")
+    max_len: int = field(2048, ge=2, help="maximum tokens of one row; a longer row is a bad row")
+    max_samples: int | None = field(None, ge=1, help="cap on training rows after mixing")
     bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, no "
                                                             "placeholder, label count not the placeholder "
                                                             "count, unknown label, longer than max_len): skip "
@@ -227,8 +198,6 @@ class ProcessDataConfig(SourcesConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.max_len < 2:
-            raise ConfigError(f"data.max_len must be >= 2, got {self.max_len}")
         if not self.placeholder:
             raise ConfigError("data.placeholder is empty: name the string that marks the end of each step")
 
@@ -249,20 +218,17 @@ class ProcessRewardObjective:
 @dataclass
 class DistillObjective:
     unit: ClassVar[str] = "kd"
-    teacher_pretrain: str | None = field(None, help="the teacher: HF model folder or hub name (same vocabulary "
-                                                    "as the student); frozen, on the same ranks (required)")
-    kd_coef: float = field(0.5, help="α in (1 − α)·CE + α·KL(teacher ‖ student) per token: 0 is plain SFT, "
-                                     "1 pure distillation")
-    temperature: float = field(1.0, help="τ: both distributions are softmax(logits / τ) in the KL, which is "
-                                         "multiplied by τ² (the CE stays at τ = 1)")
+    teacher_pretrain: str | None = field(None, path="model", help="the teacher: HF model folder or hub name (same "
+                                                                  "vocabulary as the student); frozen, on the same "
+                                                                  "ranks (required)")
+    kd_coef: float = field(0.5, ge=0, le=1, help="α in (1 − α)·CE + α·KL(teacher ‖ student) per token: 0 is plain SFT, "
+                                                 "1 pure distillation")
+    temperature: float = field(1.0, gt=0, help="τ: both distributions are softmax(logits / τ) in the KL, which is "
+                                               "multiplied by τ² (the CE stays at τ = 1)")
 
     def validate(self) -> None:
         if not self.teacher_pretrain:
             raise ConfigError("objective.teacher_pretrain is not set: name the teacher model")
-        if not 0.0 <= self.kd_coef <= 1.0:
-            raise ConfigError(f"objective.kd_coef must be in [0, 1], got {self.kd_coef}")
-        if self.temperature <= 0:
-            raise ConfigError(f"objective.temperature must be > 0, got {self.temperature}")
 
 
 @dataclass(kw_only=True)

@@ -21,9 +21,14 @@ def _default(f: dataclasses.Field) -> str:
 def option_table(cls: type) -> str:
     rows = ["| option | type | default | meaning |", "|---|---|---|---|"]
     for path, (_, f, tp) in leaf_paths(cls).items():
-        allowed = allowed_values(f)
-        typ = (" | ".join(map(repr, allowed)) + (" | null" if f.default is None else "") if allowed
-               else _type_name(tp)).replace("|", "\\|")
+        allowed, bounds = allowed_values(f), f.metadata.get("range")
+        if allowed:
+            typ = " | ".join(map(repr, allowed)) + (" | null" if f.default is None else "")
+        else:
+            typ = _type_name(tp)
+            if bounds:
+                typ += (", each " if typ.startswith("list") else ", ") + str(bounds)
+        typ = typ.replace("|", "\\|")
         helptext = f.metadata.get("help", "").replace("|", "\\|")
         rows.append(f"| `{path}` | {typ} | {_default(f)} | {helptext} |")
     return "\n".join(rows)
@@ -37,7 +42,7 @@ def render(commands: dict[str, type]) -> str:
              "the command line as `key=value` or `--key value`.  A key is the dotted path or, when it is "
              "unique, the bare name: `train.learning_rate=1e-5`, `learning_rate=1e-5` and "
              "`--learning_rate 1e-5` are the same.  Lists take commas: `dataset=a.jsonl,b.jsonl`.  "
-             "Unknown keys and invalid values are errors.", ""]
+             "Unknown keys and invalid values are errors, numbers outside the range written after their type too.", ""]
     for command, cls in commands.items():
         parts += [f"## `hpc-rlhf {command}`", "", option_table(cls), ""]
     return "\n".join(parts)

@@ -13,20 +13,20 @@ from .slurm import SlurmConfig
 
 @dataclass
 class PromptDataConfig:
-    prompt_data: list[str] = field(help="prompt data sources (same formats as SFT datasets)")
-    prompt_data_probs: list[float] | None = field(None, help="mixing probabilities, one per source")
+    prompt_data: list[str] = field(path="data", help="prompt data sources (same formats as SFT datasets)")
+    prompt_data_probs: list[float] | None = field(None, ge=0, help="mixing probabilities, one per source")
     prompt_split: str = field("train", help="split read from sources that have several")
-    eval_prompt_data: list[str] | None = field(None, help="held-out prompts: greedy responses scored by the "
-                                                          "reward sources, eval/reward_mean logged every "
-                                                          "eval_steps and at the end")
-    max_eval_prompts: int | None = field(None, help="cap on eval prompts")
+    eval_prompt_data: list[str] | None = field(None, path="data", help="held-out prompts: greedy responses scored by "
+                                                                       "the reward sources, eval/reward_mean logged "
+                                                                       "every eval_steps and at the end")
+    max_eval_prompts: int | None = field(None, ge=1, help="cap on eval prompts")
     input_key: str = field("input", help="column holding the prompt (a messages list with apply_chat_template)")
     label_key: str | None = field("label", help="column passed to reward functions as the label (null: none)")
     input_template: str | None = field(None, help="format string with one {} for the prompt")
     apply_chat_template: bool = field(False, help="render prompts with the tokenizer's chat template and a "
                                                   "generation prompt")
-    prompt_max_len: int = field(1024, help="prompts longer than this (tokens) are bad rows")
-    max_samples: int | None = field(None, help="cap on prompts")
+    prompt_max_len: int = field(1024, ge=1, help="prompts longer than this (tokens) are bad rows")
+    max_samples: int | None = field(None, ge=1, help="cap on prompts")
     bad_rows: Literal["skip", "error"] = field("skip", help="skip (and report) or stop on a bad row")
 
     def validate(self) -> None:
@@ -41,44 +41,43 @@ class PromptDataConfig:
 class RolloutConfig(EngineOptions):
     vllm_sleep: bool = field(True, help="vllm on GPU: free the KV cache and weights while the actor trains "
                                         "(colocated ranks); vLLM has no sleep mode on CPU")
-    n_samples_per_prompt: int = field(1, help="responses sampled per prompt (the group size)")
-    rollout_batch_size: int = field(8, help="prompts per RL step, over all ranks")
-    generate_max_len: int = field(256, help="new tokens per response at most")
-    temperature: float = field(1.0, help="sampling temperature (0: greedy)")
-    top_p: float = field(1.0, help="nucleus sampling mass")
-    top_k: int = field(0, help="sample from the k most likely tokens (0: all)")
-    max_batch_size: int = field(64, help="sequences per generation batch on one rank")
+    n_samples_per_prompt: int = field(1, ge=1, help="responses sampled per prompt (the group size)")
+    rollout_batch_size: int = field(8, ge=1, help="prompts per RL step, over all ranks")
+    generate_max_len: int = field(256, ge=1, help="new tokens per response at most")
+    temperature: float = field(1.0, ge=0, help="sampling temperature (0: greedy)")
+    top_p: float = field(1.0, gt=0, le=1, help="nucleus sampling mass")
+    top_k: int = field(0, ge=0, help="sample from the k most likely tokens (0: all)")
+    max_batch_size: int = field(64, ge=1, help="sequences per generation batch on one rank")
     dynamic_filtering: bool = field(False, help="drop groups whose rewards are all equal (all right or all "
                                                 "wrong) and replace them with fresh prompts")
-    dynamic_filtering_max_rounds: int = field(4, help="generation rounds per step at most when filtering")
+    dynamic_filtering_max_rounds: int = field(4, ge=1, help="generation rounds per step at most when filtering")
 
     def validate(self) -> None:
-        super().validate()
-        if self.n_samples_per_prompt < 1 or self.rollout_batch_size < 1:
-            raise ConfigError("rollout.n_samples_per_prompt and rollout.rollout_batch_size must be >= 1")
         if self.dynamic_filtering and self.n_samples_per_prompt < 2:
             raise ConfigError("rollout.dynamic_filtering needs n_samples_per_prompt >= 2 (a group to compare)")
 
 
 @dataclass
 class RewardConfig:
-    reward_pretrain: str | None = field(None, help="reward model folder (AutoModelForSequenceClassification)")
-    reward_func: str | None = field(None, help="Python file defining reward_func(queries, prompts, labels)")
+    reward_pretrain: str | None = field(None, path="model",
+                                        help="reward model folder (AutoModelForSequenceClassification)")
+    reward_func: str | None = field(None, path="file",
+                                    help="Python file defining reward_func(queries, prompts, labels)")
     remote_rm_url: list[str] | None = field(None, help="reward server URLs (hpc-rlhf serve-reward); batches are "
                                                        "spread over them")
     remote_rm_token_env: str | None = field(None, help="environment variable holding the reward servers' "
                                                        "bearer token")
-    reward_weights: list[float] | None = field(None, help="weights of the sources, in the order model, "
-                                                          "function, remote (default 1 each)")
-    reward_timeout_s: float = field(60.0, help="time limit per reward batch")
-    reward_batch_size: int = field(64, help="samples per reward call")
+    reward_weights: list[float] | None = field(None, unbounded=True, help="weights of the sources, in the order model, "
+                                                                          "function, remote (default 1 each)")
+    reward_timeout_s: float = field(60.0, gt=0, help="time limit per reward batch")
+    reward_batch_size: int = field(64, ge=1, help="samples per reward call")
     normalize_reward: bool = field(False, help="divide rewards by a running std (and subtract the running mean)")
-    reward_clip_range: list[float] | None = field(None, help="clip rewards to [low, high]")
-    overlong_buffer_len: int | None = field(None, help="DAPO soft overlong penalty: length of the buffer "
-                                                       "before generate_max_len")
-    overlong_penalty_factor: float = field(1.0, help="DAPO overlong penalty at full overlength")
-    truncated_reward: float | None = field(None, help="reward given to responses cut by generate_max_len "
-                                                      "(null: keep their score)")
+    reward_clip_range: list[float] | None = field(None, unbounded=True, help="clip rewards to [low, high]")
+    overlong_buffer_len: int | None = field(None, ge=1, help="DAPO soft overlong penalty: length of the buffer "
+                                                             "before generate_max_len")
+    overlong_penalty_factor: float = field(1.0, ge=0, help="DAPO overlong penalty at full overlength")
+    truncated_reward: float | None = field(None, unbounded=True, help="reward given to responses cut by "
+                                                                      "generate_max_len (null: keep their score)")
 
     def validate(self) -> None:
         if not (self.reward_pretrain or self.reward_func or self.remote_rm_url):
@@ -96,21 +95,21 @@ class AlgoConfig:
     whiten_advantages: bool | None = field(None, help="whiten the advantages over every valid token of every rank "
                                                       "(estimators that whiten: gae, reinforce and its variants); "
                                                       "null: the estimator's default")
-    advantage_eps: float | None = field(None, help="eps of the advantage whitening, sqrt(var + eps), or of "
-                                                   "group_norm's std + eps; null: the estimator's default")
-    gamma: float = field(1.0, help="discount")
-    lambd: float = field(0.95, help="GAE lambda")
-    eps_clip: float = field(0.2, help="ratio clip (low side, and high side unless eps_clip_high is set)")
-    eps_clip_high: float | None = field(None, help="ratio clip on the high side (clip-higher)")
-    dual_clip: float | None = field(None, help="dual-clip constant c > 1 for negative advantages")
-    value_clip: float | None = field(0.5, help="value clip range (null: unclipped)")
-    entropy_loss_coef: float = field(0.0, help="entropy bonus coefficient")
-    init_kl_coef: float = field(0.0, help="KL coefficient (0: no reference model)")
+    advantage_eps: float | None = field(None, gt=0, help="eps of the advantage whitening, sqrt(var + eps), or of "
+                                                         "group_norm's std + eps; null: the estimator's default")
+    gamma: float = field(1.0, ge=0, le=1, help="discount")
+    lambd: float = field(0.95, ge=0, le=1, help="GAE lambda")
+    eps_clip: float = field(0.2, ge=0, help="ratio clip (low side, and high side unless eps_clip_high is set)")
+    eps_clip_high: float | None = field(None, ge=0, help="ratio clip on the high side (clip-higher)")
+    dual_clip: float | None = field(None, gt=1, help="dual-clip constant c > 1 for negative advantages")
+    value_clip: float | None = field(0.5, gt=0, help="value clip range (null: unclipped)")
+    entropy_loss_coef: float = field(0.0, ge=0, help="entropy bonus coefficient")
+    init_kl_coef: float = field(0.0, ge=0, help="KL coefficient (0: no reference model)")
     kl_estimator: str = field("k1", registry=KL_ESTIMATORS, help="KL estimator (k3 is usual in the loss)")
     use_kl_loss: bool | None = field(None, help="KL in the loss (true) or in the reward (false); default: "
                                                 "the estimator's choice")
-    kl_target: float | None = field(None, help="adaptive KL controller target (null: fixed coefficient)")
-    kl_horizon: int = field(10000, help="adaptive KL controller horizon")
+    kl_target: float | None = field(None, gt=0, help="adaptive KL controller target (null: fixed coefficient)")
+    kl_horizon: int = field(10000, ge=1, help="adaptive KL controller horizon")
     loss_agg_mode: str | None = field(None, registry=LOSS_AGGREGATIONS, help="how token losses make the step's "
                                                                              "loss (null: the estimator's choice)")
     is_correction: str = field(
@@ -120,32 +119,30 @@ class AlgoConfig:
              "whose ratio is outside [is_low, is_high]), seq_mask_tis (drop sequences whose "
              "geometric-mean ratio is outside, truncate the rest); needs rollout.temperature 1 (or 0) "
              "(docs/algorithms.md)")
-    is_low: float = field(0.5, help="lower bound of the IS ratio (icepop, seq_mask_tis; unused by tis)")
-    is_high: float = field(2.0, help="upper bound of the IS ratio: truncation level (tis, seq_mask_tis) and "
-                                     "drop threshold (icepop, seq_mask_tis)")
+    is_low: float = field(0.5, ge=0, help="lower bound of the IS ratio (icepop, seq_mask_tis; unused by tis)")
+    is_high: float = field(2.0, gt=0, help="upper bound of the IS ratio: truncation level (tis, seq_mask_tis) and "
+                                           "drop threshold (icepop, seq_mask_tis)")
 
     def validate(self) -> None:
-        if self.advantage_eps is not None and self.advantage_eps <= 0:
-            raise ConfigError(f"algo.advantage_eps must be > 0, got {self.advantage_eps}")
         try:
             estimator_from_config(self)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        if not 0.0 <= self.is_low < self.is_high:
+        if self.is_low >= self.is_high:
             raise ConfigError(f"algo.is_low and algo.is_high need 0 <= is_low < is_high, got is_low={self.is_low}, "
                               f"is_high={self.is_high}")
 
 
 @dataclass
 class RLTrainConfig(OptimizerConfig):
-    num_episodes: int = field(1, help="passes over the prompt data")
-    max_steps: int | None = field(None, help="stop after this many RL steps")
-    train_batch_size: int = field(8, help="samples per optimizer step, over all actor ranks")
-    micro_train_batch_size: int = field(4, help="samples per forward/backward on one rank")
-    max_epochs: int = field(1, help="optimisation passes over each step's samples")
-    actor_learning_rate: float = field(1e-6, help="actor peak learning rate")
-    critic_learning_rate: float = field(9e-6, help="critic peak learning rate")
-    freezing_actor_steps: int = field(0, help="critic warm-up: RL steps during which only the critic trains")
+    num_episodes: int = field(1, ge=1, help="passes over the prompt data")
+    max_steps: int | None = field(None, ge=1, help="stop after this many RL steps")
+    train_batch_size: int = field(8, ge=1, help="samples per optimizer step, over all actor ranks")
+    micro_train_batch_size: int = field(4, ge=1, help="samples per forward/backward on one rank")
+    max_epochs: int = field(1, ge=1, help="optimisation passes over each step's samples")
+    actor_learning_rate: float = field(1e-6, gt=0, help="actor peak learning rate")
+    critic_learning_rate: float = field(9e-6, gt=0, help="critic peak learning rate")
+    freezing_actor_steps: int = field(0, ge=0, help="critic warm-up: RL steps during which only the critic trains")
     async_train: bool = field(False, help="the rollout ranks generate the next step's samples while this step "
                                           "trains (one step off-policy; needs the rollout on ranks of its own; "
                                           "docs/rl.md)")
@@ -153,18 +150,18 @@ class RLTrainConfig(OptimizerConfig):
 
 @dataclass
 class PlacementConfig:
-    actor_num_ranks: int = field(1, help="ranks running the actor (DeepSpeed data parallel)")
-    critic_num_ranks: int = field(1, help="ranks running the critic (when the estimator needs one)")
-    ref_num_ranks: int = field(1, help="ranks running the reference model (when init_kl_coef > 0)")
-    reward_num_ranks: int = field(1, help="ranks scoring rewards")
-    rollout_num_ranks: int = field(1, help="ranks generating")
+    actor_num_ranks: int = field(1, ge=1, help="ranks running the actor (DeepSpeed data parallel)")
+    critic_num_ranks: int = field(1, ge=1, help="ranks running the critic (when the estimator needs one)")
+    ref_num_ranks: int = field(1, ge=1, help="ranks running the reference model (when init_kl_coef > 0)")
+    reward_num_ranks: int = field(1, ge=1, help="ranks scoring rewards")
+    rollout_num_ranks: int = field(1, ge=1, help="ranks generating")
     colocate_actor_ref: bool = field(False, help="reference on the actor's ranks")
     colocate_critic_reward: bool = field(False, help="reward model on the critic's ranks")
     colocate_actor_reward: bool = field(False, help="reward role on the actor's ranks (a reward function or "
                                                     "remote reward needs no rank of its own)")
     colocate_all: bool = field(False, help="every role on the actor's ranks (small runs)")
-    collective_timeout_s: float = field(1800.0, help="time limit of any collective")
-    dead_rank_timeout_s: float = field(20.0, help="a rank silent this long is dead: every rank exits")
+    collective_timeout_s: float = field(1800.0, gt=0, help="time limit of any collective")
+    dead_rank_timeout_s: float = field(20.0, gt=0, help="a rank silent this long is dead: every rank exits")
 
     def validate(self) -> None:
         if self.colocate_actor_reward and self.colocate_critic_reward:
@@ -177,9 +174,9 @@ class RLConfig:
     model: ModelConfig = field(help="the actor (policy) model")
     data: PromptDataConfig = field(help="prompts")
     reward: RewardConfig = field(help="reward sources and shaping")
-    critic_pretrain: str | None = field(None, help="critic initialisation (default: reward_pretrain, else the "
-                                                   "actor's pretrain)")
-    ref_pretrain: str | None = field(None, help="reference model (default: the actor's pretrain)")
+    critic_pretrain: str | None = field(None, path="model", help="critic initialisation (default: reward_pretrain, "
+                                                                 "else the actor's pretrain)")
+    ref_pretrain: str | None = field(None, path="model", help="reference model (default: the actor's pretrain)")
     rollout: RolloutConfig = field(default_factory=RolloutConfig, help="generation")
     algo: AlgoConfig = field(default_factory=AlgoConfig, help="advantages and losses")
     train: RLTrainConfig = field(default_factory=RLTrainConfig, help="optimisation")

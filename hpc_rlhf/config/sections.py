@@ -16,33 +16,25 @@ class EngineOptions:
                                           "lean forward, the CPU / small-model path, which keeps packed copies of "
                                           "the linear weights (one more copy of them); false: the transformers "
                                           "forward (other architectures always use it)")
-    vllm_max_model_len: int | None = field(None, help="vllm: longest prompt + response (default: the model's)")
-    vllm_cpu_kv_cache_gib: int = field(1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
-    vllm_gpu_memory_utilization: float = field(0.5, help="vllm on GPU: fraction of GPU memory for weights and KV "
-                                                         "cache (lower it when the actor shares the GPU)")
-    vllm_tensor_parallel_size: int = field(1, help="vllm: shards of the model inside each rollout rank's engine "
-                                                   "(worker processes; on GPU one device each)")
-
-    def validate(self) -> None:
-        if self.vllm_tensor_parallel_size < 1:
-            raise ConfigError(f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}")
-        if self.vllm_cpu_kv_cache_gib < 1:
-            raise ConfigError(f"vllm_cpu_kv_cache_gib must be >= 1, got {self.vllm_cpu_kv_cache_gib}")
-        if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise ConfigError(f"vllm_gpu_memory_utilization must be in (0, 1], got "
-                              f"{self.vllm_gpu_memory_utilization}")
+    vllm_max_model_len: int | None = field(None, ge=1, help="vllm: longest prompt + response (default: the model's)")
+    vllm_cpu_kv_cache_gib: int = field(1, ge=1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_gpu_memory_utilization: float = field(0.5, gt=0, le=1,
+                                               help="vllm on GPU: fraction of GPU memory for weights and KV cache "
+                                                    "(lower it when the actor shares the GPU)")
+    vllm_tensor_parallel_size: int = field(1, ge=1, help="vllm: shards of the model inside each rollout rank's engine "
+                                                         "(worker processes; on GPU one device each)")
 
 
 @dataclass
 class ModelConfig:
-    pretrain: str = field(help="HF model folder or hub name of the model to train")
+    pretrain: str = field(path="model", help="HF model folder or hub name of the model to train")
     param_dtype: Literal["bf16", "fp32"] = field("bf16", help="dtype of the trained parameters")
     gradient_checkpointing: bool = field(False, help="recompute activations in backward to save memory")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = field(
         "sdpa", help="attention kernel passed to transformers")
-    lora_rank: int = field(0, help="LoRA rank; 0 trains all parameters")
-    lora_alpha: int = field(16, help="LoRA scaling numerator (scale = lora_alpha / lora_rank)")
-    lora_dropout: float = field(0.0, help="dropout on the LoRA branch")
+    lora_rank: int = field(0, ge=0, help="LoRA rank; 0 trains all parameters")
+    lora_alpha: int = field(16, ge=1, help="LoRA scaling numerator (scale = lora_alpha / lora_rank)")
+    lora_dropout: float = field(0.0, ge=0, lt=1, help="dropout on the LoRA branch")
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"],
                                       help="module names LoRA wraps; 'all-linear' wraps every linear layer "
                                            "except the output head")
@@ -50,8 +42,6 @@ class ModelConfig:
                                             "needs lora_rank > 0")
 
     def validate(self) -> None:
-        if self.lora_rank < 0:
-            raise ConfigError(f"model.lora_rank must be >= 0, got {self.lora_rank}")
         if self.load_in_4bit and self.lora_rank == 0:
             raise ConfigError("model.load_in_4bit=true trains a 4-bit base through LoRA only: set lora_rank > 0")
 
@@ -59,16 +49,16 @@ class ModelConfig:
 @dataclass
 class SourcesConfig:
     """Where training and evaluation rows come from: what every data section shares."""
-    dataset: list[str] = field(help="comma-separated data sources: json/jsonl/parquet/csv/arrow files, "
-                                    "datasets save_to_disk folders, or hub names (online only); "
-                                    "'name@split' picks a split")
-    dataset_probs: list[float] | None = field(None, help="mixing probabilities, one per dataset (default: "
-                                                         "all rows of every dataset, in order)")
+    dataset: list[str] = field(path="data", help="comma-separated data sources: json/jsonl/parquet/csv/arrow files, "
+                                                 "datasets save_to_disk folders, or hub names (online only); "
+                                                 "'name@split' picks a split")
+    dataset_probs: list[float] | None = field(None, ge=0, help="mixing probabilities, one per dataset (default: "
+                                                               "all rows of every dataset, in order)")
     dataset_split: str = field("train", help="split read from sources that have several")
-    eval_dataset: list[str] | None = field(None, help="held-out data sources (same formats as dataset)")
-    eval_split_ratio: float = field(0.0, help="when no eval_dataset is given, hold out this fraction of "
-                                              "the training rows for evaluation")
-    max_eval_samples: int | None = field(None, help="cap on eval rows")
+    eval_dataset: list[str] | None = field(None, path="data", help="held-out data sources (same formats as dataset)")
+    eval_split_ratio: float = field(0.0, ge=0, lt=1, help="when no eval_dataset is given, hold out this fraction of "
+                                                          "the training rows for evaluation")
+    max_eval_samples: int | None = field(None, ge=1, help="cap on eval rows")
 
     def validate(self) -> None:
         if not self.dataset:
@@ -77,10 +67,8 @@ class SourcesConfig:
             if len(self.dataset_probs) != len(self.dataset):
                 raise ConfigError(f"data.dataset_probs has {len(self.dataset_probs)} values for "
                                   f"{len(self.dataset)} datasets: give one probability per dataset")
-            if any(p < 0 for p in self.dataset_probs) or sum(self.dataset_probs) <= 0:
-                raise ConfigError("data.dataset_probs must be non-negative and not all zero")
-        if not 0.0 <= self.eval_split_ratio < 1.0:
-            raise ConfigError(f"data.eval_split_ratio must be in [0, 1), got {self.eval_split_ratio}")
+            if sum(self.dataset_probs) <= 0:
+                raise ConfigError("data.dataset_probs are all zero: give at least one dataset a probability")
         if self.eval_dataset and self.eval_split_ratio > 0:
             raise ConfigError("data.eval_dataset and data.eval_split_ratio exclude each other: evaluate on the "
                               "given eval_dataset or hold out a fraction of the training rows, not both")
@@ -99,20 +87,18 @@ class DataConfig(SourcesConfig):
     tokenizer_chat_template: str | None = field(None, help="override the tokenizer's chat template "
                                                            "(a Jinja string)")
     pretrain_mode: bool = field(False, help="loss on every token (continued pre-training)")
-    max_len: int = field(2048, help="maximum tokens per sample (prompt + response)")
-    max_samples: int | None = field(None, help="cap on training rows after mixing")
+    max_len: int = field(2048, ge=2, help="maximum tokens per sample (prompt + response)")
+    max_samples: int | None = field(None, ge=1, help="cap on training rows after mixing")
     packing_samples: bool = field(False, help="pack several samples into one row; attention stays inside "
                                               "each sample; no padding")
-    micro_batch_tokens: int | None = field(None, help="token budget per micro-batch (an alternative to "
-                                                      "micro_train_batch_size)")
+    micro_batch_tokens: int | None = field(None, ge=1, help="token budget per micro-batch (an alternative to "
+                                                            "micro_train_batch_size)")
     bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, empty, "
                                                             "wrong type, longer than max_len): skip it and "
                                                             "report the counts, or stop with an error")
 
     def validate(self) -> None:
         super().validate()
-        if self.max_len < 2:
-            raise ConfigError(f"data.max_len must be >= 2, got {self.max_len}")
         if self.input_template is not None and self.input_template.count("{}") != 1:
             raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
         if self.apply_chat_template and self.input_template is not None:
@@ -128,22 +114,20 @@ class DataConfig(SourcesConfig):
 @dataclass
 class OptimizerConfig:
     """What every DeepSpeed-trained model shares: schedule shape, AdamW, clipping, ZeRO, seed."""
-    lr_warmup_ratio: float = field(0.03, help="fraction of the steps spent in linear warm-up")
+    lr_warmup_ratio: float = field(0.03, ge=0, le=1, help="fraction of the steps spent in linear warm-up")
     lr_scheduler: Literal["cosine_with_min_lr", "constant_with_warmup"] = field(
         "cosine_with_min_lr", help="schedule after warm-up")
-    min_lr_ratio: float = field(0.1, help="cosine floor as a fraction of the peak learning rate")
-    weight_decay: float = field(0.0, help="AdamW weight decay (matrices only)")
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95], help="AdamW betas")
-    max_norm: float = field(1.0, help="gradient clipping norm (0 disables)")
+    min_lr_ratio: float = field(0.1, ge=0, le=1, help="cosine floor as a fraction of the peak learning rate")
+    weight_decay: float = field(0.0, ge=0, help="AdamW weight decay (matrices only)")
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95], ge=0, lt=1, help="AdamW betas")
+    max_norm: float = field(1.0, ge=0, help="gradient clipping norm (0 disables)")
     zero_stage: Literal[0, 1, 2, 3] = field(2, help="DeepSpeed ZeRO stage")
     adam_offload: bool = field(False, help="keep optimizer states in CPU memory (ZeRO offload)")
-    seed: int = field(42, help="seed for data order, initialisation and sampling")
+    seed: int = field(42, ge=0, le=2**32 - 1, help="seed for data order, initialisation and sampling")
 
     def validate(self) -> None:
         if len(self.adam_betas) != 2:
             raise ConfigError(f"train.adam_betas needs two values, got {self.adam_betas}")
-        if not 0.0 <= self.lr_warmup_ratio <= 1.0:
-            raise ConfigError(f"train.lr_warmup_ratio must be in [0, 1], got {self.lr_warmup_ratio}")
         if self.adam_offload and self.zero_stage == 0:
             raise ConfigError("train.adam_offload needs train.zero_stage 1, 2 or 3 (ZeRO offloads the partitioned "
                               "optimizer states)")
@@ -151,37 +135,28 @@ class OptimizerConfig:
 
 @dataclass
 class TrainConfig(OptimizerConfig):
-    train_batch_size: int = field(128, help="samples per optimizer step, over all ranks")
-    micro_train_batch_size: int = field(8, help="samples per forward/backward on one rank")
-    max_epochs: int = field(1, help="passes over the training data")
-    max_steps: int | None = field(None, help="stop after this many optimizer steps")
-    learning_rate: float = field(5e-6, help="peak learning rate")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.train_batch_size < 1 or self.micro_train_batch_size < 1:
-            raise ConfigError("train.train_batch_size and train.micro_train_batch_size must be >= 1")
+    train_batch_size: int = field(128, ge=1, help="samples per optimizer step, over all ranks")
+    micro_train_batch_size: int = field(8, ge=1, help="samples per forward/backward on one rank")
+    max_epochs: int = field(1, ge=1, help="passes over the training data")
+    max_steps: int | None = field(None, ge=1, help="stop after this many optimizer steps")
+    learning_rate: float = field(5e-6, gt=0, help="peak learning rate")
 
 
 @dataclass
 class CheckpointConfig:
     save_path: str = field("./ckpt/model", help="where the final HF model (safetensors + tokenizer) goes; "
                                                 "metrics.jsonl and TensorBoard events go here too")
-    save_steps: int = field(-1, help="write a resumable checkpoint every N steps (-1: none; the final "
-                                     "model is exported to save_path in any case)")
+    save_steps: int = field(-1, choices=(-1,), ge=1, help="write a resumable checkpoint every N steps (-1: none; the "
+                                                          "final model is exported to save_path in any case)")
     ckpt_path: str = field("./ckpt/checkpoints", help="folder of resumable checkpoints")
-    max_ckpt_num: int = field(3, help="resumable checkpoints kept (oldest removed first)")
+    max_ckpt_num: int = field(3, ge=1, help="resumable checkpoints kept (oldest removed first)")
     load_checkpoint: bool = field(False, help="resume from the newest committed checkpoint in ckpt_path")
-
-    def validate(self) -> None:
-        if self.max_ckpt_num < 1:
-            raise ConfigError(f"ckpt.max_ckpt_num must be >= 1, got {self.max_ckpt_num}")
 
 
 @dataclass
 class LogConfig:
-    logging_steps: int = field(1, help="log metrics every N steps")
-    eval_steps: int = field(-1, help="evaluate every N steps (-1: only at the end)")
+    logging_steps: int = field(1, ge=1, help="log metrics every N steps")
+    eval_steps: int = field(-1, choices=(-1,), ge=1, help="evaluate every N steps (-1: only at the end)")
     use_tensorboard: bool = field(True, help="write TensorBoard events into save_path/tensorboard")
     check_weight_sync: bool = field(False, help="RL: after every weight sync, log checksums of the weights the "
                                                 "actor sent and each rollout rank loaded (costs a pass over them)")
@@ -191,11 +166,7 @@ class LogConfig:
 
 @dataclass
 class LaunchConfig:
-    nproc: int = field(1, help="local launcher: processes to start on this machine (ignored when the "
-                               "process already runs under torchrun or SLURM)")
+    nproc: int = field(1, ge=1, help="local launcher: processes to start on this machine (ignored when the "
+                                     "process already runs under torchrun or SLURM)")
     backend: Literal["auto", "gloo", "nccl"] = field("auto", help="torch.distributed backend (auto: nccl "
                                                                   "with CUDA, else gloo)")
-
-    def validate(self) -> None:
-        if self.nproc < 1:
-            raise ConfigError(f"launch.nproc must be >= 1, got {self.nproc}")

@@ -15,9 +15,9 @@ SIGNALS = ("TERM", "USR1", "USR2", "INT")
 
 @dataclass
 class RoleResources:
-    nodes: int | None = field(None, help="nodes for this role's tasks (null: as few as fit, decided by SLURM)")
-    gpus_per_task: int | None = field(None, help="GPUs per task (null: inherit slurm.resources)")
-    cpus_per_task: int | None = field(None, help="CPUs per task (null: inherit slurm.resources)")
+    nodes: int | None = field(None, ge=1, help="nodes for this role's tasks (null: as few as fit, decided by SLURM)")
+    gpus_per_task: int | None = field(None, ge=0, help="GPUs per task (null: inherit slurm.resources)")
+    cpus_per_task: int | None = field(None, ge=1, help="CPUs per task (null: inherit slurm.resources)")
     mem_per_cpu: str | None = field(None, help="memory per CPU, e.g. 4G (null: inherit; empty: cluster default)")
     partition: str | None = field(None, help="partition for this role (null: slurm.partition)")
     constraint: str | None = field(None, help="node features, e.g. a100 (null: inherit)")
@@ -25,8 +25,8 @@ class RoleResources:
 
 @dataclass
 class DefaultResources:
-    gpus_per_task: int = field(0, help="GPUs per task (0 on CPU clusters)")
-    cpus_per_task: int = field(1, help="CPUs per task (also OMP_NUM_THREADS of each rank)")
+    gpus_per_task: int = field(0, ge=0, help="GPUs per task (0 on CPU clusters)")
+    cpus_per_task: int = field(1, ge=1, help="CPUs per task (also OMP_NUM_THREADS of each rank)")
     mem_per_cpu: str = field("", help="memory per CPU, e.g. 4G (empty: the cluster's default)")
     constraint: str = field("", help="node features required (empty: any node)")
 
@@ -61,7 +61,7 @@ class SlurmConfig:
     requeue_signals: list[str] = field(default_factory=lambda: ["USR1", "USR2"],
                                        help="of those, the ones after which rank 0 requeues the job (time-limit "
                                             "warnings); SLURM requeues preempted jobs (TERM) itself")
-    signal_before_end_s: int = field(300, help="sbatch --signal: USR1 this many seconds before the time limit")
+    signal_before_end_s: int = field(300, ge=0, help="sbatch --signal: USR1 this many seconds before the time limit")
     requeue: bool = field(True, help="sbatch --requeue, and rank 0 runs `scontrol requeue` after a requeue signal")
     hf_offline: bool = field(True, help="export HF_HUB_OFFLINE=1 in the job (compute nodes without internet)")
     python: str = field("", help="the command that runs Python in the job, after `setup` (e.g. python, or "
@@ -75,5 +75,3 @@ class SlurmConfig:
         missing = set(self.requeue_signals) - set(self.stop_signals)
         if missing:
             raise ConfigError(f"slurm.requeue_signals {sorted(missing)} must also be in slurm.stop_signals")
-        if self.signal_before_end_s < 0:
-            raise ConfigError(f"slurm.signal_before_end_s must be >= 0, got {self.signal_before_end_s}")

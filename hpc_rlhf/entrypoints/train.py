@@ -3,20 +3,68 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from .. import commands
-from ..config import reference
+from ..config import ConfigError, reference
+from ..config.base import leaf_values
+from ..data.rows import DataError
+from ..data.sources import _looks_like_path, hub_offline, split_spec
 from ..distributed.env import read_env
 from ..launch.local import already_launched, launch_local
 from ..launch.plan import run_plan
 from ..launch.submit import submit
+from ..models.loading import HubOfflineError, resolve_pretrained
+
+
+def _check_file(path: str) -> None:
+    if not Path(path).expanduser().is_file():
+        raise FileNotFoundError(f"{path} is not a file" if Path(path).expanduser().exists()
+                                else f"file {path} does not exist")
+
+
+def _check_source(spec: str) -> None:
+    base = split_spec(spec.strip(), "")[0]
+    if Path(base).expanduser().exists():
+        return
+    if _looks_like_path(base):
+        raise DataError(f"{spec}: file not found (looked for {Path(base).expanduser().absolute()})")
+    if hub_offline():
+        raise DataError(f"{base} is not a local file or folder, and HF_HUB_OFFLINE is set, so the Hub cannot be "
+                        "reached: copy the dataset to the cluster and pass its path")
+
+
+_CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": _check_source}
+
+
+def check_inputs(cfg) -> None:
+    """ConfigError naming the option when a model, file or data source the run reads cannot be found (a missing
+    local path, or a hub name while offline): a few file-system lookups, before any rank loads anything."""
+    for key, f, value in leaf_values(cfg):
+        check = _CHECKS.get(f.metadata.get("path"))
+        if check is None or value is None:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            try:
+                check(item)
+            except (FileNotFoundError, HubOfflineError, DataError) as e:
+                raise ConfigError(f"{key}: {e}") from None
 
 
 def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
     """Command ``name`` on N local ranks when it needs several and no launcher started us; otherwise this
-    process is one rank and runs it (the main rank prints the summary of a command that prints one)."""
-    cfg = commands.load_config(name, config_path, rest)
-    plan = commands.placement_plan(name, cfg)
+    process is one rank and runs it (the main rank prints the summary of a command that prints one).
+
+    The config and the paths it names are checked first, in the launching process before it starts any rank,
+    and on every rank (under srun there is no launching process); only the main rank reports a problem."""
+    try:
+        cfg = commands.load_config(name, config_path, rest)
+        check_inputs(cfg)
+        plan = commands.placement_plan(name, cfg)
+    except ConfigError:
+        if not read_env().is_main:
+            raise SystemExit(2) from None  # the main rank prints the same message
+        raise
     nproc, describe = cfg.launch.nproc, None
     if plan is not None:
         nproc, describe = plan.world_size, lambda r: "roles " + "+".join(plan.roles_of(r))
