@@ -188,6 +188,17 @@ def test_missing_input_stops_before_the_ranks_start(rl_inputs, no_run, tmp_path,
     assert ("HF_HUB_OFFLINE is set" in err[0]) if "offline" in override else (str(tmp_path / "missing") in err[0])
 
 
+def test_the_iterative_dpo_driver_checks_its_inputs(no_run, tmp_path, capsys):
+    # the driver is one process that starts its stages: a missing dpo_config stops it before the first stage
+    (tmp_path / "model").mkdir()
+    (tmp_path / "p.jsonl").write_text('{"input": "1+1="}\n')
+    rc = cli.main(["iterative-dpo", f"pretrain={tmp_path / 'model'}", f"reward_pretrain={tmp_path / 'model'}",
+                   f"prompt_data={tmp_path / 'p.jsonl'}", "n_samples_per_prompt=2",
+                   f"dpo_config={tmp_path / 'missing.yaml'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("hpc-rlhf: config error: iterative.dpo_config: "), err
+
+
 def test_only_the_main_rank_reports(rl_inputs, no_run, tmp_path, capsys, monkeypatch):
     # under srun every rank checks the config; the others exit with the same code without a word
     bad = ["train", "rl", *rl_inputs, f"reward_func={tmp_path / 'nope.py'}"]
