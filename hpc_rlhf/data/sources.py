@@ -6,6 +6,7 @@ import csv
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import datasets
@@ -111,16 +112,23 @@ def _parquet_problem(path: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def _datasets_log_muted():
-    """The `datasets` library logs a parse error (with 0-based row numbers) before raising it; the DataError
-    raised here says it better, so its log is muted while a file loads."""
+def _quiet_datasets():
+    """While a file loads, the `datasets` library's log is muted (it logs a parse error, with 0-based row numbers,
+    before raising it, and the DataError raised here says it better) and its progress bar shows only on a
+    terminal (as with log.progress_bar=auto)."""
     logger = logging.getLogger("datasets")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
+    hide_bar = (not sys.stderr.isatty() and not datasets.utils.are_progress_bars_disabled()
+                and datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is None)
+    if hide_bar:
+        datasets.utils.disable_progress_bars()
     try:
         yield
     finally:
         logger.setLevel(level)
+        if hide_bar:
+            datasets.utils.enable_progress_bars()
 
 
 def _load_file(path: Path, spec: str) -> datasets.Dataset:
@@ -147,7 +155,7 @@ def _load_file(path: Path, spec: str) -> datasets.Dataset:
         # read every column as text: numbers in a CSV answer column are still answers
         kwargs["features"] = datasets.Features({c: datasets.Value("string") for c in header})
     try:
-        with _datasets_log_muted():
+        with _quiet_datasets():
             rows = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
         if builder == "json":  # pyarrow's JSON reader keeps bytes that are not UTF-8 in its strings
             rows.data.table.validate(full=True)

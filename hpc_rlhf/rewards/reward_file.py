@@ -92,14 +92,14 @@ def _as_vector(value, n: int) -> torch.Tensor:
     if hasattr(value, "tolist") and not isinstance(value, list):  # numpy arrays
         value = value.tolist()
     if len(value) != n:
-        raise ValueError(f"a {kind} of {len(value)} values for {n} samples; expected one number per sample")
+        raise ValueError(f"a {kind} of length {len(value)} for {n} sample{'s' if n != 1 else ''}; expected one "
+                         f"number per sample")
     vals = []
     for i, v in enumerate(value):
         if isinstance(v, torch.Tensor) and v.numel() == 1:
             v = v.item()
         if not isinstance(v, numbers.Real):
-            raise ValueError(f"a {kind} of {len(value)} values whose value {i} is {_short(v)} "
-                             f"({type(v).__name__}); expected numbers")
+            raise ValueError(f"a {kind} whose value {i} is {_short(v)} ({type(v).__name__}); expected numbers")
         vals.append(float(v))
     return torch.tensor(vals, dtype=torch.float64)
 
