@@ -2,15 +2,16 @@
 and returns).
 
 :class:`RewardFunction` calls it batch by batch.  A call that raises or returns something unusable is retried
-on the two halves of its samples, and so on down to single samples, so one sample the function cannot score
-costs only that sample (about ``2 * log2(batch_size)`` extra calls), not its whole batch; the function must
-therefore give a sample the same reward whatever batch it is in.  Each sample that fails on its own is
-invalid: the error (with the file, the sample and the traceback) is logged on the ``hpc_rlhf.rewards`` logger
-and counted in ``extra["reward/func/failures"]``.  A call that times out is not retried: each retry of a
-sample that hangs would wait ``timeout_s`` again and leave one more abandoned thread, so the samples of a
-timed-out call are invalid together.  Once more than ``max_failure_fraction`` of the samples of one
-:meth:`RewardFunction.score` call have failed, it stops and raises :class:`RewardError`, one line naming the
-file and the first error.
+on the two halves of its samples, and so on down to single samples; a half whose other half scored must hold
+the failure, so it is split without being called.  One sample the function cannot score thus costs only that
+sample, not its whole batch, for at most ``2 * log2(batch_size)`` extra calls that score one to two batches'
+worth of samples in all; the function must give a sample the same reward whatever batch it is in.  Each sample
+that fails on its own is invalid: the error (with the file, the sample and the traceback) is logged on the
+``hpc_rlhf.rewards`` logger and counted in ``extra["reward/func/failures"]``.  A call that times out is not
+retried: each retry of a sample that hangs would wait ``timeout_s`` again and leave one more abandoned thread,
+so the samples of a timed-out call are invalid together.  Once more than ``max_failure_fraction`` of the
+samples of one :meth:`RewardFunction.score` call have failed, it stops (the rest is not scored) and raises
+:class:`RewardError`, one line naming the file, the function and the first failure.
 
 Timeouts use a worker thread, not a subprocess.  Each call runs in its own daemon thread and the caller
 waits at most ``timeout_s`` for it.  Python cannot kill a thread, so a call that never returns is abandoned:
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from .reward_file import load_reward_function, parse_output
+from .reward_file import load_reward_function, one_line, parse_output
 from .types import RewardBatch, RewardError, merge_extras, check_inputs
 
 log = logging.getLogger("hpc_rlhf.rewards")
@@ -130,11 +131,6 @@ class RewardFunction:
     __call__ = score
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 class _Run:
     """The state of one :meth:`RewardFunction.score` call."""
 
@@ -150,14 +146,19 @@ class _Run:
         self.log_parts: list[tuple[dict, float]] = []
         self.t0 = time.monotonic()
 
-    def settle(self, lo: int, hi: int, first_try: bool = False) -> None:
-        """Score samples [lo, hi); when the call fails (not by timeout), score the two halves the same way."""
+    def settle(self, lo: int, hi: int, first_try: bool = False, failing: bool = False) -> bool:
+        """Score samples [lo, hi); when the call fails (not by timeout), settle the two halves the same way.
+        ``failing``: a call of these samples is known to fail (the larger range they belong to failed and its
+        other half did not), so a range of several is split without calling it.  Returns whether no call failed."""
+        if failing and hi - lo > 1:
+            return self.split(lo, hi)
         rf = self.rf
         alive = rf._abandoned_alive()
         if alive >= rf.max_abandoned:
             raise RewardError(f"{rf.path}: {alive} timed-out calls of reward_func are still running; refusing to "
                               f"start more (fix the hang or raise the timeout)")
         where = f"sample {lo}" if hi - lo == 1 else f"samples [{lo}, {hi})"
+        self.retries += not first_try
         tb = None
         try:
             out = rf._call(self.queries[lo:hi], self.prompts[lo:hi], self.labels[lo:hi])
@@ -165,10 +166,10 @@ class _Run:
             self.timeouts += 1
             self.failed_batches += first_try
             self.fail(where, str(e), hi - lo)
-            return
+            return False
         except Exception as e:  # noqa: BLE001 - a failing call must not stop training
             err, tb = (e.error, e.tb) if isinstance(e, _CallError) else (e, traceback.format_exc())
-            problem = f"raised {type(err).__name__}: {_one_line(err)}"
+            problem = f"raised {type(err).__name__}: {one_line(err)}"
         else:
             try:
                 parsed = parse_output(out, hi - lo)
@@ -176,18 +177,22 @@ class _Run:
                 problem = f"returned {e}"
             else:
                 self.accept(lo, hi, where, *parsed)
-                return
+                return True
         self.failed_batches += first_try
         if hi - lo == 1:
             self.fail(where, problem, 1, tb)
-            return
+            return False
         self.first_error = self.first_error or f"on {where} it {problem}"
         log.warning("%s: reward_func on %s %s; retrying on halves of the batch to find the samples it fails on",
                     rf.path, where, problem)
+        return self.split(lo, hi)
+
+    def split(self, lo: int, hi: int) -> bool:
+        """Settle the halves of [lo, hi), whose call failed: when the first half scores, the second must hold
+        the failure."""
         mid = (lo + hi) // 2
-        self.retries += 2
-        self.settle(lo, mid)
-        self.settle(mid, hi)
+        self.settle(mid, hi, failing=self.settle(lo, mid))
+        return False
 
     def fail(self, where: str, problem: str, count: int, tb: str | None = None) -> None:
         """``count`` samples failed: log and count them; RewardError once too many of the call's samples failed."""

@@ -58,7 +58,7 @@ def load_reward_function(path) -> Callable:
         lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == str(resolved)]
         at = f" at line {lines[-1]}" if lines else ""
         raise RewardFileError(f"importing reward function file {p} failed{at}: {type(e).__name__}: "
-                              f"{' '.join(str(e).split())}") from e
+                              f"{one_line(e)}") from e
     finally:
         if added:
             try:
@@ -71,6 +71,12 @@ def load_reward_function(path) -> Callable:
     if not callable(fn):
         raise RewardFileError(f"`{FUNC_NAME}` in {p} is a {type(fn).__name__}, not a function")
     return fn
+
+
+def one_line(text, limit: int = 300) -> str:
+    """``text`` (e.g. an exception) on one line, whitespace runs collapsed, cut to ``limit`` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _as_vector(value, n: int) -> torch.Tensor:
