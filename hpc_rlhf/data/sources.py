@@ -48,6 +48,13 @@ def _one_line(text, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _reason(error: BaseException) -> str:
+    """The innermost cause of ``error`` (datasets wraps the parser's error), as "Type: message" on one line."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return f"{type(error).__name__}: {_one_line(error, 300)}"
+
+
 def _blank(path: Path) -> bool:
     """True when the file holds nothing but whitespace (read until the first other character)."""
     with open(path, "rb") as f:
@@ -165,11 +172,7 @@ def _load_file(path: Path, spec: str) -> datasets.Dataset:
                    _parquet_problem(path) if builder == "parquet" else None)
         if problem is not None:
             raise DataError(f"{spec} {problem}") from e
-        cause = e
-        while cause.__cause__ is not None:  # datasets wraps the parser's error
-            cause = cause.__cause__
-        raise DataError(f"{spec}: cannot read it as {builder}: {type(cause).__name__}: "
-                        f"{_one_line(cause, 300)}") from e
+        raise DataError(f"{spec}: cannot read it as {builder}: {_reason(e)}") from e
     if len(rows) == 0:
         raise DataError(f"{spec}: the file has no rows")
     return rows
@@ -189,7 +192,7 @@ def _load_folder(path: Path, spec: str, split: str) -> tuple[datasets.Dataset, b
         return datasets.load_dataset(str(path), split=split), True
     except Exception as e:  # noqa: BLE001
         raise DataError(f"{spec}: cannot read split {split!r} from this folder (neither a save_to_disk "
-                        f"folder nor a folder of data files): {type(e).__name__}: {e}") from e
+                        f"folder nor a folder of data files): {_reason(e)}") from e
 
 
 def load_source(spec: str, split: str = "train") -> tuple[datasets.Dataset, str]:
@@ -213,5 +216,5 @@ def load_source(spec: str, split: str = "train") -> tuple[datasets.Dataset, str]
         rows = datasets.load_dataset(base, split=split)
     except Exception as e:  # noqa: BLE001 - network, missing split, missing dataset
         raise DataError(f"{spec}: not a local file or folder, and loading it from the Hub failed: "
-                        f"{type(e).__name__}: {e}") from e
+                        f"{type(e).__name__}: {_one_line(e, 300)}") from e
     return rows, f"{base}@{split}"
