@@ -11,6 +11,7 @@ from .distributed.rendezvous import adopt_slurm_rendezvous
 from .engines.deepspeed_strategy import configure_deepspeed_env
 from .entrypoints import demo, pipelines, tools, train
 from .models.loading import HubOfflineError
+from .rewards.types import RewardError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"hpc-rlhf: config error: {e}", file=sys.stderr)
         return 2
-    except (DataError, HubOfflineError, FileNotFoundError) as e:
+    except (DataError, HubOfflineError, FileNotFoundError, RewardError) as e:
         print(f"hpc-rlhf: {e}", file=sys.stderr)
         return 2
 

@@ -85,9 +85,80 @@ def test_path_errors(tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", ROWS)
     with pytest.raises(DataError, match="a single file has no splits"):
         load_source(f"{path}@test")
-    (tmp_path / "broken.jsonl").write_text('{"input": "a"\n')
-    with pytest.raises(DataError, match="broken.jsonl: cannot read it as json"):
-        load_source(str(tmp_path / "broken.jsonl"))
+
+
+def _error(path) -> str:
+    """The message of the DataError loading ``path`` raises; it must be one line."""
+    with pytest.raises(DataError) as e:
+        load_source(str(path))
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_malformed_json_names_the_line(tmp_path, caplog):
+    good = json.dumps(ROWS[0])
+    path = tmp_path / "broken.jsonl"
+    path.write_text(f"{good}\n\n{good}\n" + '{"input": "a", "output": "b"\n' + f"{good}\n")
+    assert _error(path) == (f"{path} line 4: invalid JSON (Expecting ',' delimiter at column 29): "
+                            """'{"input": "a", "output": "b"'""")
+    assert "Failed to load JSON" not in caplog.text  # the datasets library's 0-based report is muted
+    path.write_text(f"{good}\n7\n")
+    assert _error(path) == f"{path} line 2: a JSON int, not a row object {{...}}: '7'"
+    path.write_bytes(good.encode() + b"\n" + b'{"input": "\xff"}\n')
+    assert _error(path).startswith(f"{path} line 2: not UTF-8 text (invalid start byte at byte 11")
+    # a .json file holding one JSON document: the line inside it
+    whole = tmp_path / "whole.json"
+    whole.write_text('[\n  {"input": "a"},\n  {"input": }\n]\n')
+    assert _error(whole) == f"""{whole} line 3: invalid JSON (Expecting value at column 13): '{{"input": }}'"""
+    whole.write_text("[]")
+    assert _error(whole) == f"{whole} holds an empty JSON list, no rows"
+    # a .json file in JSON-lines form is read the same way as .jsonl
+    lines = tmp_path / "lines.json"
+    lines.write_text(f"{good}\n{{oops}}\n")
+    assert _error(lines).startswith(f"{lines} line 2: invalid JSON (Expecting property name")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv", ".parquet", ".arrow"])
+def test_empty_and_blank_files(tmp_path, suffix):
+    path = tmp_path / f"data{suffix}"
+    path.write_text("")
+    assert _error(path) == f"{path}: the file is empty"
+    if suffix in (".jsonl", ".json", ".csv"):
+        path.write_text("\n  \n\n")
+        assert _error(path) == f"{path}: the file has only blank lines, no rows"
+
+
+def test_rows_lacking_the_key_are_named(tmp_path):
+    from hpc_rlhf.config.rl import PromptDataConfig
+    from hpc_rlhf.data.prompts import load_prompts
+
+    class Chars:  # a tokenizer: one id per character
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [ord(c) for c in text]}
+
+    path = write_jsonl(tmp_path / "p.jsonl", [{"question": "q1"}, {"question": "q2"}])
+    with pytest.raises(DataError) as e:
+        load_prompts(PromptDataConfig(prompt_data=[str(path)], input_key="input"), Chars(), 0)
+    assert str(e.value) == (f"{path}: none of its 2 rows is a usable prompt: missing_key: 2 rows skipped, e.g. "
+                            f"{path} row 1: missing key 'input'; {path} row 2: missing key 'input'")
+
+
+def test_csv_and_parquet_problems(tmp_path):
+    csv_path = tmp_path / "d.csv"
+    csv_path.write_text("input,output\n")
+    assert _error(csv_path) == f"{csv_path}: the CSV file has a header row but no rows"
+    # one more field than the header: pandas would silently take the first column as the row index
+    csv_path.write_text("input,output\na,b,c\nd,e,f\n")
+    assert _error(csv_path) == f"{csv_path} line 2: 3 fields, but the header has 2"
+    csv_path.write_text("input,output\na,b\nc,d\ne,f,g\n")
+    assert _error(csv_path) == f"{csv_path} line 4: 3 fields, but the header has 2"
+    csv_path.write_text('input,output\na,b\n"c\nd,e\nf,g\n')  # the quote opened on line 3 never closes
+    assert _error(csv_path) == f"{csv_path} line 3: unexpected end of data"
+    parquet = tmp_path / "d.parquet"
+    parquet.write_bytes(b"PAR1 not really parquet")
+    assert _error(parquet).startswith(f"{parquet}: cannot read it as parquet: ArrowInvalid: ")
+    datasets.Dataset.from_list(ROWS).select([]).to_parquet(str(parquet))
+    assert _error(parquet) == f"{parquet} has no rows"
 
 
 @pytest.mark.parametrize("var", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])

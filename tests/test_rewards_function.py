@@ -69,40 +69,61 @@ def test_batches_rewards_scores_and_logs(reward_file):
     assert len(RewardFunction(reward_file).score([], [], [])) == 0
 
 
-def test_per_batch_failures_are_counted_logged_and_invalid(reward_file, caplog):
+def test_failures_are_narrowed_to_their_samples_counted_and_logged(reward_file, caplog):
     rf = RewardFunction(reward_file, batch_size=2, timeout_s=1.0, max_failure_fraction=1.0, max_abandoned=1)
     labels = ["ok", "ok", "raise", "x", "short", "x", "hang", "x"]
-    caplog.set_level(logging.ERROR, logger="hpc_rlhf.rewards")
+    caplog.set_level(logging.WARNING, logger="hpc_rlhf.rewards")
     t0 = time.monotonic()
     out = rf.score(*_inputs(labels))
     elapsed = time.monotonic() - t0
     assert elapsed < 1.9  # the hung batch was abandoned after ~1 s, not waited for (it sleeps 2 s)
-    assert out.valid.tolist() == [True, True, False, False, False, False, False, False]
-    assert out.rewards[:2].tolist() == [2.0, 3.0]
-    assert torch.isnan(out.rewards[2:]).all()  # failed samples are NaN, never a silent 0
-    assert out.extra["reward/func/failures"] == 6
+    # a failed batch is retried sample by sample (halves of 2); the timed-out batch is not retried
+    assert rf.fn.__globals__["CALLS"] == [2, 2, 1, 1, 2, 1, 1, 2]
+    assert out.valid.tolist() == [True, True, False, True, False, True, False, False]
+    assert out.rewards[[0, 1, 3, 5]].tolist() == [2.0, 3.0, 5.0, 7.0]
+    assert torch.isnan(out.rewards[[2, 4, 6, 7]]).all()  # failed samples are NaN, never a silent 0
+    assert out.extra["reward/func/failures"] == 4
     assert out.extra["reward/func/failed_batches"] == 3
+    assert out.extra["reward/func/retries"] == 4
     assert out.extra["reward/func/timeouts"] == 1
-    assert len(out.errors) == 3
+    path = str(reward_file)
+    assert out.errors == [
+        f"{path}: reward_func on sample 2 raised ValueError: boom in this batch",
+        f"{path}: reward_func on sample 4 returned a list of length 0 for 1 sample; expected one number per sample",
+        f"{path}: reward_func on samples [6, 8) did not return within 1 s (the call was abandoned and may still be "
+        f"running in a background thread)"]
     text = caplog.text
-    assert str(reward_file) in text
-    assert "samples [2, 4)" in text and "ValueError: boom in this batch" in text and "Traceback" in text
-    assert "samples [4, 6)" in text and "rewards has 1 entries for a batch of 2 samples" in text
-    assert "samples [6, 8)" in text and "did not return within 1 s" in text
+    assert "ValueError: boom in this batch" in text and "Traceback" in text  # the traceback is in the log
+    assert (f"{path}: reward_func on samples [4, 6) returned a list of length 1 for 2 samples; expected one number "
+            f"per sample; retrying on halves of the batch") in text
     # the abandoned call is still sleeping: with max_abandoned=1 the next call refuses to pile up more
     with pytest.raises(RewardError, match="still running"):
         rf.score(*_inputs(["ok"]))
 
 
+def test_one_bad_sample_costs_only_itself(reward_file):
+    """One sample the function raises on, in a batch of 8: the other 7 are scored.  The search calls the halves;
+    [4, 8) is not called since [0, 4) scored, so the failure must be in it, and so is sample 5 after sample 4."""
+    rf = RewardFunction(reward_file, batch_size=8, timeout_s=5.0)  # default max_failure_fraction=0.5
+    labels = ["ok"] * 8
+    labels[5] = "raise"
+    out = rf.score(*_inputs(labels))
+    assert rf.fn.__globals__["CALLS"] == [8, 4, 2, 1, 1, 2]
+    assert out.valid.tolist() == [True] * 5 + [False] + [True] * 2
+    assert out.num_failed == 1 and out.extra["reward/func/retries"] == 5
+    assert out.errors == [f"{reward_file}: reward_func on sample 5 raised ValueError: boom in this batch"]
+
+
 @pytest.mark.parametrize("label, message", [
-    ("words", "rewards[0] is 'high' (str); expected a number"),
-    ("nodict", "dict without a 'rewards' key"),
+    ("words", "returned a list whose value 0 is 'high' (str); expected numbers"),
+    ("nodict", "returned a dict without a 'rewards' key (keys: ['reward'])"),
+    ("short", "returned a list of length 0 for 1 sample; expected one number per sample"),
 ])
 def test_wrong_return_types_say_what_is_wrong(reward_file, caplog, label, message):
     rf = RewardFunction(reward_file, batch_size=4, timeout_s=5.0, max_failure_fraction=1.0)
     out = rf.score(*_inputs([label, "ok"]))
-    assert not out.valid.any() and out.extra["reward/func/failures"] == 2
-    assert message in out.errors[0] and message in caplog.text
+    assert out.valid.tolist() == [False, True] and out.extra["reward/func/failures"] == 1
+    assert out.errors == [f"{reward_file}: reward_func on sample 0 {message}"] and message in caplog.text
 
 
 def test_nan_marks_only_those_samples(reward_file):
@@ -110,17 +131,33 @@ def test_nan_marks_only_those_samples(reward_file):
     out = rf.score(*_inputs(["ok", "nan", "ok", "nan"]))
     assert out.valid.tolist() == [True, False, True, False]
     assert out.rewards[0] == 1.0 and torch.isnan(out.rewards[1])
-    assert out.extra["reward/func/failures"] == 2 and "non-finite rewards for 2 of 4" in out.errors[0]
+    assert out.extra["reward/func/failures"] == 2 and out.extra["reward/func/retries"] == 0
+    assert "non-finite rewards for 2 of 4 samples (samples [1, 3]: [nan, nan])" in out.errors[0]
 
 
 def test_max_failure_fraction(reward_file):
     rf = RewardFunction(reward_file, batch_size=1, timeout_s=5.0)  # default max_failure_fraction=0.5
     out = rf.score(*_inputs(["raise", "raise", "ok", "ok"]))  # exactly half: allowed
     assert out.num_failed == 2
-    with pytest.raises(RewardError, match=r"3 of 4 reward samples failed.*boom in this batch"):
+    with pytest.raises(RewardError) as e:
         rf.score(*_inputs(["raise", "raise", "raise", "ok"]))
+    assert str(e.value) == (f"{reward_file}: reward_func failed on 3 of 4 samples, more than "
+                            f"max_failure_fraction=0.5 allows; first failure: on sample 0 it raised ValueError: "
+                            f"boom in this batch")
     with pytest.raises(ValueError, match="differ in length"):
         rf.score(["a"], ["b", "c"], ["d"])
+
+
+def test_a_function_that_always_fails_stops_early_with_one_line(reward_file):
+    """Every sample returns strings: the search stops once more than half of the samples failed, and the
+    error names the file, the function and what it returned for the first batch."""
+    rf = RewardFunction(reward_file, batch_size=8, timeout_s=5.0)
+    with pytest.raises(RewardError) as e:
+        rf.score(*_inputs(["words"] * 8))
+    assert str(e.value) == (f"{reward_file}: reward_func failed on 5 of 8 samples, more than "
+                            f"max_failure_fraction=0.5 allows; first failure: on samples [0, 8) it returned a list "
+                            f"whose value 0 is 'high' (str); expected numbers")
+    assert rf.fn.__globals__["CALLS"] == [8, 4, 2, 1, 1, 2, 1, 1, 4, 2, 1]  # not all 15 calls of the search
 
 
 def test_load_errors_are_clear(tmp_path):
@@ -135,12 +172,16 @@ def test_load_errors_are_clear(tmp_path):
         def reward_func(queries, prompts, labels)
             return []
     """))
-    with pytest.raises(RewardFileError, match=r"syntax error in reward function file .*bad_syntax.py, line 2"):
+    with pytest.raises(RewardFileError) as e:
         load_reward_function(bad)
+    assert str(e.value) == (f"syntax error in reward function file {bad}, line 2: expected ':': "
+                            f"def reward_func(queries, prompts, labels)")
     broken = tmp_path / "broken.py"
-    broken.write_text("import not_a_module_xyz\n")
-    with pytest.raises(RewardFileError, match=r"importing reward function file .*broken.py failed.*ModuleNotFound"):
+    broken.write_text("import os\nimport not_a_module_xyz\n")
+    with pytest.raises(RewardFileError) as e:
         load_reward_function(broken)
+    assert str(e.value) == (f"importing reward function file {broken} failed at line 2: ModuleNotFoundError: "
+                            f"No module named 'not_a_module_xyz'")
     # helper modules next to the file can be imported
     (tmp_path / "helper_mod_rw.py").write_text("BONUS = 3.0\n")
     uses = tmp_path / "uses_helper.py"

@@ -87,11 +87,12 @@ def test_health_and_score_round_trip(servers):
     assert status == 200
     assert ans["rewards"] == [1.0, 3.0] and ans["valid"] == [True, True] and ans["errors"] == []
     assert ans["extra"]["reward/len"] == 2.0 and ans["extra"]["reward/func/failures"] == 0
-    # a failing reward function gives invalid samples (null rewards) with the reason, not an HTTP error
+    # a failing reward function gives invalid samples (null rewards) with the reason, not an HTTP error; the
+    # server narrows the failure down to the sample it fails on
     body = json.dumps({"queries": ["a", "b"], "prompts": ["p", "p"], "labels": ["bad", "ok"]})
     status, ans = _request(h, "POST", "/score", body)
-    assert status == 200 and ans["valid"] == [False, False] and ans["rewards"] == [None, None]
-    assert "cannot score label bad" in ans["errors"][0]
+    assert status == 200 and ans["valid"] == [False, True] and ans["rewards"] == [None, 1.0]
+    assert "sample 0 raised RuntimeError: cannot score label bad" in ans["errors"][0]
 
 
 def test_binds_loopback_by_default(servers):
@@ -219,8 +220,8 @@ def test_client_all_dead_marks_invalid_and_counts(caplog):
 def test_client_counts_samples_the_server_could_not_score(servers):
     client = RemoteReward([servers[1].url], batch_size=2, max_failure_fraction=1.0)
     out = client.score(*_samples(4, bad={3}))
-    assert out.valid.tolist() == [True, True, False, False]
-    assert out.extra["reward/remote/failures"] == 2 and out.extra["reward/func/failures"] == 2
+    assert out.valid.tolist() == [True, True, True, False]
+    assert out.extra["reward/remote/failures"] == 1 and out.extra["reward/func/failures"] == 1
     assert out.extra["reward/remote/retries"] == 0  # a failing reward function is not retried
     assert "cannot score label bad" in out.errors[0]
 

@@ -51,17 +51,17 @@ def assemble(sources: Sequence[str], read: Callable[[str, int | None], tuple[lis
     total = sum(len(s) for s in per_source)
     if total == 0:
         raise DataError(f"no training samples: read {rows_read} rows from {', '.join(sources)}, "
-                        f"{bad.total} of them bad:\n{bad.summary()}")
+                        f"{bad.total} of them bad: {bad.summary(' | ')}")
     for k, (spec, items) in enumerate(zip(sources, per_source)):
         if not items and (probs is None or probs[k] > 0):
-            raise DataError(f"{spec}: no usable rows (check {keys_hint} for this source):\n{bad.summary()}")
+            raise DataError(f"{spec}: no usable rows (check {keys_hint} for this source): {bad.summary(' | ')}")
 
     eval_items: list[T] = []
     if eval_sources:
         for spec in eval_sources:
             eval_items += read(spec, None)[0]
         if not eval_items:
-            raise DataError(f"no eval samples in {', '.join(eval_sources)}:\n{bad.summary()}")
+            raise DataError(f"no eval samples in {', '.join(eval_sources)}: {bad.summary(' | ')}")
         if max_eval_samples is not None:
             eval_items = subset(eval_items, max_eval_samples, np.random.default_rng([seed, 2]))
     elif ratio > 0 and total > 1:

@@ -60,7 +60,7 @@ def _read(specs: list[str], cfg: PromptDataConfig, tokenizer, bad: BadRows) -> l
         rows, name = load_source(spec, cfg.prompt_split)
         prompts = build_prompts(rows, name, tokenizer, cfg, bad)
         if not prompts:
-            raise DataError(f"{name}: none of its {len(rows)} rows is a usable prompt.\n{bad.summary()}")
+            raise DataError(f"{name}: none of its {len(rows)} rows is a usable prompt: {bad.summary(' | ')}")
         sources.append(prompts)
     return sources
 

@@ -41,12 +41,12 @@ class BadRows:
     def total(self) -> int:
         return sum(self._counts.values())
 
-    def summary(self) -> str:
-        """One line per kind: the count and the first examples; empty when no row was bad."""
-        lines = []
+    def summary(self, sep: str = "\n") -> str:
+        """For each kind the count and the first examples, joined by ``sep``; empty when no row was bad."""
+        parts = []
         for kind, n in self.counts().items():
-            lines.append(f"{kind}: {n} row{'s' if n != 1 else ''} skipped, e.g. " + "; ".join(self._examples[kind]))
-        return "\n".join(lines)
+            parts.append(f"{kind}: {n} row{'s' if n != 1 else ''} skipped, e.g. " + "; ".join(self._examples[kind]))
+        return sep.join(parts)
 
     def __repr__(self) -> str:
         return f"BadRows(policy={self.policy!r}, counts={self.counts()})"

@@ -52,11 +52,13 @@ def load_reward_function(path) -> Callable:
     except SyntaxError as e:
         sys.modules.pop(name, None)
         raise RewardFileError(f"syntax error in reward function file {p}, line {e.lineno}: {e.msg}"
-                              + (f"\n    {e.text.rstrip()}" if e.text else "")) from e
+                              + (f": {e.text.strip()}" if e.text and e.text.strip() else "")) from e
     except Exception as e:
         sys.modules.pop(name, None)
-        raise RewardFileError(f"importing reward function file {p} failed: {type(e).__name__}: {e}\n"
-                              + traceback.format_exc()) from e
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == str(resolved)]
+        at = f" at line {lines[-1]}" if lines else ""
+        raise RewardFileError(f"importing reward function file {p} failed{at}: {type(e).__name__}: "
+                              f"{one_line(e)}") from e
     finally:
         if added:
             try:
@@ -71,35 +73,46 @@ def load_reward_function(path) -> Callable:
     return fn
 
 
-def _as_vector(value, n: int, what: str) -> torch.Tensor:
-    """``value`` as float64 [n]; ValueError naming ``what`` and the problem otherwise."""
+def one_line(text, limit: int = 300) -> str:
+    """``text`` (e.g. an exception) on one line, whitespace runs collapsed, cut to ``limit`` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _as_vector(value, n: int) -> torch.Tensor:
+    """``value`` as float64 [n]; otherwise ValueError describing ``value`` (it completes "returned ...")."""
     if isinstance(value, torch.Tensor):
         t = value.detach()
         if t.dtype.is_complex or not (t.dtype.is_floating_point or t.dtype in
                                       (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32,
                                        torch.int64)):
-            raise ValueError(f"{what} is a tensor of dtype {t.dtype}; expected numbers")
+            raise ValueError(f"a tensor of dtype {t.dtype}; expected numbers")
         if t.ndim == 2 and t.shape[1] == 1:
             t = t[:, 0]
-        if t.ndim != 1:
-            raise ValueError(f"{what} has shape {tuple(t.shape)}; expected [{n}]")
-        t = t.to("cpu", torch.float64)
-    elif isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__"):
-        raise ValueError(f"{what} is a {type(value).__name__}; expected a list of {n} numbers or a tensor")
-    else:
-        if hasattr(value, "tolist") and not isinstance(value, list):  # numpy arrays
-            value = value.tolist()
-        vals = []
-        for i, v in enumerate(value):
-            if isinstance(v, torch.Tensor) and v.numel() == 1:
-                v = v.item()
-            if not isinstance(v, numbers.Real):
-                raise ValueError(f"{what}[{i}] is {v!r} ({type(v).__name__}); expected a number")
-            vals.append(float(v))
-        t = torch.tensor(vals, dtype=torch.float64)
-    if t.numel() != n:
-        raise ValueError(f"{what} has {t.numel()} entries for a batch of {n} samples")
-    return t
+        if t.ndim != 1 or t.numel() != n:
+            raise ValueError(f"a tensor of shape {tuple(value.shape)}; expected [{n}], one number per sample")
+        return t.to("cpu", torch.float64)
+    kind = type(value).__name__
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__"):
+        raise ValueError(f"a {kind}; expected a list of {n} numbers or a tensor")
+    if hasattr(value, "tolist") and not isinstance(value, list):  # numpy arrays
+        value = value.tolist()
+    if len(value) != n:
+        raise ValueError(f"a {kind} of length {len(value)} for {n} sample{'s' if n != 1 else ''}; expected one "
+                         f"number per sample")
+    vals = []
+    for i, v in enumerate(value):
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        if not isinstance(v, numbers.Real):
+            raise ValueError(f"a {kind} whose value {i} is {_short(v)} ({type(v).__name__}); expected numbers")
+        vals.append(float(v))
+    return torch.tensor(vals, dtype=torch.float64)
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _is_scalar(v) -> bool:
@@ -110,27 +123,27 @@ def parse_output(out, n: int):
     """Check a ``reward_func`` return for ``n`` samples.
 
     Returns ``(rewards float64 [n], scores float64 [n] or None, logs {name: float64 [n] or float})``;
-    ValueError saying what is wrong otherwise.  Non-finite rewards are not an error here (the caller
-    invalidates just those samples).
+    otherwise ValueError whose message describes what was returned (it completes "reward_func returned ...").
+    Non-finite rewards are not an error here (the caller invalidates just those samples).
     """
-    scores = None
-    logs: dict = {}
-    if isinstance(out, dict):
-        if "rewards" not in out:
-            raise ValueError(f"returned a dict without a 'rewards' key (keys: {sorted(map(str, out))})")
-        rewards = _as_vector(out["rewards"], n, "rewards")
-        if out.get("scores") is not None:
-            scores = _as_vector(out["scores"], n, "scores")
-        extra = out.get("extra_logs") or {}
-        if not isinstance(extra, dict):
-            raise ValueError(f"extra_logs is a {type(extra).__name__}; expected a dict of name -> values")
-        for k, v in extra.items():
-            if _is_scalar(v):
-                logs[str(k)] = float(v)
-            else:
-                logs[str(k)] = _as_vector(v, n, f"extra_logs[{k!r}]")
-    elif out is None:
-        raise ValueError("returned None; expected a dict with 'rewards', a tensor or a list of numbers")
-    else:
-        rewards = _as_vector(out, n, "rewards")
+    if out is None:
+        raise ValueError("None; expected a dict with 'rewards', a tensor or a list of numbers")
+    if not isinstance(out, dict):
+        return _as_vector(out, n), None, {}
+
+    def entry(key: str, value) -> torch.Tensor:
+        try:
+            return _as_vector(value, n)
+        except ValueError as e:
+            raise ValueError(f"a dict whose {key} is {e}") from None
+
+    if "rewards" not in out:
+        raise ValueError(f"a dict without a 'rewards' key (keys: {sorted(map(str, out))})")
+    rewards = entry("'rewards'", out["rewards"])
+    scores = entry("'scores'", out["scores"]) if out.get("scores") is not None else None
+    extra = out.get("extra_logs") or {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"a dict whose 'extra_logs' is a {type(extra).__name__}; expected a dict of "
+                         f"name -> values")
+    logs = {str(k): float(v) if _is_scalar(v) else entry(f"extra_logs[{k!r}]", v) for k, v in extra.items()}
     return rewards, scores, logs

@@ -12,7 +12,7 @@ import torch
 
 # Keys of ``RewardBatch.extra`` ending with these names are counts: merging sums them; other keys are means
 # and merging averages them, weighted by the number of valid samples behind each value.
-COUNT_SUFFIXES = ("/failures", "/failed_batches", "/timeouts")
+COUNT_SUFFIXES = ("/failures", "/failed_batches", "/retries", "/timeouts")
 
 
 class RewardError(RuntimeError):
