@@ -195,6 +195,20 @@ def _load_folder(path: Path, spec: str, split: str) -> tuple[datasets.Dataset, b
                         f"folder nor a folder of data files): {_reason(e)}") from e
 
 
+def check_source(spec: str) -> None:
+    """DataError when ``spec`` can be neither read here nor fetched: a missing local path, or a hub name while
+    offline (a few file-system lookups: the launcher runs it before any rank starts)."""
+    base = split_spec(spec.strip(), "")[0]
+    path = Path(base).expanduser()
+    if path.exists():
+        return
+    if _looks_like_path(base):
+        raise DataError(f"{spec}: file not found (looked for {path.absolute()})")
+    if hub_offline():
+        raise DataError(f"{base} is not a local file or folder, and HF_HUB_OFFLINE is set, so the Hub cannot "
+                        f"be reached: copy the dataset to the cluster and pass its path")
+
+
 def load_source(spec: str, split: str = "train") -> tuple[datasets.Dataset, str]:
     """Rows of one data source and its display name (used in messages as '<name> row N')."""
     base, split, explicit = split_spec(spec.strip(), split)
@@ -207,11 +221,7 @@ def load_source(spec: str, split: str = "train") -> tuple[datasets.Dataset, str]
     if path.is_dir():
         rows, picked = _load_folder(path, spec, split)
         return rows, (f"{base}@{split}" if picked else base)
-    if _looks_like_path(base):
-        raise DataError(f"{spec}: file not found (looked for {path.absolute()})")
-    if hub_offline():
-        raise DataError(f"{base} is not a local file or folder, and HF_HUB_OFFLINE is set, so the Hub cannot "
-                        f"be reached: copy the dataset to the cluster and pass its path")
+    check_source(spec)
     try:
         rows = datasets.load_dataset(base, split=split)
     except Exception as e:  # noqa: BLE001 - network, missing split, missing dataset

@@ -9,7 +9,7 @@ from .. import commands
 from ..config import ConfigError, reference
 from ..config.base import leaf_values
 from ..data.rows import DataError
-from ..data.sources import _looks_like_path, hub_offline, split_spec
+from ..data.sources import check_source
 from ..distributed.env import read_env
 from ..launch.local import already_launched, launch_local
 from ..launch.plan import run_plan
@@ -23,18 +23,7 @@ def _check_file(path: str) -> None:
                                 else f"file {path} does not exist")
 
 
-def _check_source(spec: str) -> None:
-    base = split_spec(spec.strip(), "")[0]
-    if Path(base).expanduser().exists():
-        return
-    if _looks_like_path(base):
-        raise DataError(f"{spec}: file not found (looked for {Path(base).expanduser().absolute()})")
-    if hub_offline():
-        raise DataError(f"{base} is not a local file or folder, and HF_HUB_OFFLINE is set, so the Hub cannot be "
-                        "reached: copy the dataset to the cluster and pass its path")
-
-
-_CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": _check_source}
+_CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": check_source}
 
 
 def check_inputs(cfg) -> None:
