@@ -58,7 +58,7 @@ def load_generation_prompts(cfg: GenDataConfig, tokenizer) -> list[GenPrompt]:
             out.append(GenPrompt(len(out), ids, text, p.label))
             kept += 1
         if not kept:
-            raise DataError(f"{name}: none of its {len(rows)} rows is a usable prompt.\n{bad.summary()}")
+            raise DataError(f"{name}: none of its {len(rows)} rows is a usable prompt: {bad.summary(' | ')}")
     if bad.total:
         log.warning("%s", bad.summary())
     if cfg.max_samples is not None:
