@@ -5,8 +5,10 @@ import argparse
 import json
 
 from .. import commands
-from ..config import reference
+from ..checkpoint.existing import choose
+from ..config import dump_yaml, reference
 from ..distributed.env import read_env
+from ..distributed.rendezvous import restart_count
 from ..launch.local import already_launched, launch_local
 from ..launch.plan import run_plan
 from ..launch.submit import submit
@@ -14,8 +16,11 @@ from ..launch.submit import submit
 
 def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
     """Command ``name`` on N local ranks when it needs several and no launcher started us; otherwise this
-    process is one rank and runs it (the main rank prints the summary of a command that prints one)."""
+    process is one rank and runs it (the main rank prints the summary of a command that prints one).  A
+    trainer whose ckpt_path holds checkpoints it must neither resume nor overwrite stops here (exit 2)."""
     cfg = commands.load_config(name, config_path, rest)
+    if name.startswith(commands.TRAIN):  # refuse in seconds, before any model is loaded
+        choose(cfg.ckpt, dump_yaml(cfg), restart_count() > 0, report=False)
     plan = commands.placement_plan(name, cfg)
     nproc, describe = cfg.launch.nproc, None
     if plan is not None:
