@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ..distributed.collectives import barrier
+from ..distributed.collectives import barrier, max_over_ranks
 from .manifest import damage, write_manifest
 from .rng import rng_state, set_rng_state
 
@@ -157,33 +157,55 @@ def _first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
-def _torch_load(file: Path):
+def _read(file: Path, load: Callable = lambda f: torch.load(f, weights_only=False)):
     try:
-        return torch.load(file, weights_only=False)
+        return load(file)
     except Exception as e:  # a damaged file of a checkpoint without manifest: name it
         raise CheckpointError(f"{file} cannot be loaded ({_first_line(e)})") from e
 
 
-def load_checkpoint(engines: dict, path: str | Path, rank: int | None = None) -> dict:
+def _load_engine(engine, path: Path, name: str) -> None:
+    try:
+        load_path, _ = engine.load_checkpoint(str(path), tag=name, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+    except Exception as e:
+        raise CheckpointError(f"{path / name}: DeepSpeed could not load it ({_first_line(e)})") from e
+    if load_path is None:
+        raise CheckpointError(f"DeepSpeed found no checkpoint in {path / name}")
+
+
+def _on_every_rank(phase: Callable, agree: Callable[[int], int], path: Path):
+    """``phase()`` on this rank; when it fails on any rank, every rank raises (before the next phase, whose
+    collectives would wait for the failed rank forever): its own error, or one saying another rank failed."""
+    try:
+        result, error = phase(), None
+    except CheckpointError as e:
+        result, error = None, e
+    if agree(int(error is not None)):
+        raise error or CheckpointError(f"another rank could not load its part of {path} (its log names the file)")
+    return result
+
+
+def load_checkpoint(engines: dict, path: str | Path, rank: int | None = None,
+                    agree: Callable[[int], int] = max_over_ranks) -> dict:
     """Restore this rank's engines and RNG states; return the trainer state (with this rank's
-    ``rank_state`` under the key "rank_state" when it saved one)."""
+    ``rank_state`` under the key "rank_state" when it saved one).  Collective: ``agree`` is the maximum of
+    an int over every rank of the job; a file that cannot be read stops every rank with a CheckpointError."""
     rank = _default_rank() if rank is None else rank
     path = Path(path)
-    rng_file = path / f"rng_rank{rank}.pt"
-    if not rng_file.is_file():
-        raise CheckpointError(f"{rng_file} is missing: was the checkpoint written with a different number of "
-                              f"ranks?")
-    for name, engine in engines.items():
-        try:
-            load_path, _ = engine.load_checkpoint(str(path), tag=name, load_optimizer_states=True,
-                                                  load_lr_scheduler_states=True)
-        except Exception as e:
-            raise CheckpointError(f"{path / name}: DeepSpeed could not load it ({_first_line(e)})") from e
-        if load_path is None:
-            raise CheckpointError(f"DeepSpeed found no checkpoint in {path / name}")
-    set_rng_state(_torch_load(rng_file))
-    state = json.loads((path / "trainer.json").read_text())
-    own = path / f"state_rank{rank}.pt"
-    if own.is_file():
-        state["rank_state"] = _torch_load(own)
+
+    def own_files() -> tuple:
+        rng_file = path / f"rng_rank{rank}.pt"
+        if not rng_file.is_file():
+            raise CheckpointError(f"{rng_file} is missing: was the checkpoint written with a different number of "
+                                  f"ranks?")
+        state = _read(path / "trainer.json", lambda f: json.loads(f.read_text()))
+        own = path / f"state_rank{rank}.pt"
+        if own.is_file():
+            state["rank_state"] = _read(own)
+        return _read(rng_file), state
+
+    rng, state = _on_every_rank(own_files, agree, path)
+    _on_every_rank(lambda: [_load_engine(engine, path, name) for name, engine in engines.items()], agree, path)
+    set_rng_state(rng)
     return state

@@ -83,7 +83,7 @@ def resume(engines: dict, cfg, is_main: bool, rank: int | None = None,
     if is_main:
         for folder, _ in damaged:
             log.warning("renamed the damaged checkpoint %s to %s", folder, set_aside_damaged(folder))
-    state = load_checkpoint(engines, path, rank=rank)
+    state = load_checkpoint(engines, path, rank=rank, agree=agree)
     if is_main:
         log.info("resumed from %s at step %d", path, state["step"])
     return state
