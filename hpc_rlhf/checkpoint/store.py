@@ -92,8 +92,7 @@ def move_aside(ckpt_path: str | Path) -> Path | None:
     """Move every checkpoint folder of ``ckpt_path`` (committed, unfinished or set aside as damaged) into a
     new dated folder ``ckpt_path/old-DATE`` and return it (None when there was nothing to move)."""
     root = Path(ckpt_path)
-    found = sorted(p for p in root.iterdir() if p.name.startswith(("global_step", ".tmp-global_step"))) \
-        if root.is_dir() else []
+    found = [p for p in root.glob("*") if p.name.startswith(("global_step", ".tmp-global_step"))]
     if not found:
         return None
     target, n = root / f"old-{_stamp()}", 1
