@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .checkpoint.store import CheckpointError
 from .commands import setup_logging
 from .config import ConfigError
 from .data.rows import DataError
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"hpc-rlhf: config error: {e}", file=sys.stderr)
         return 2
-    except (DataError, HubOfflineError, FileNotFoundError, RewardError) as e:
+    except (DataError, HubOfflineError, FileNotFoundError, RewardError, CheckpointError) as e:
         print(f"hpc-rlhf: {e}", file=sys.stderr)
         return 2
 

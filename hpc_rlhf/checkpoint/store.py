@@ -7,28 +7,39 @@ Layout under ``ckpt_path``::
         rng_rank{r}.pt        each rank's RNG states
         state_rank{r}.pt      what else a rank must keep (optional; e.g. samples generated ahead of the step)
         trainer.json          step, epoch and whatever the trainer needs to continue exactly
+        config.yaml           the run's config (`checkpoint/existing.py` compares it with a new run's)
+        manifest.json         every file above with its size (and sha256 of the small ones): `checkpoint/manifest.py`
         COMMITTED             written last: only folders with it count
 
-Every rank writes into ``.tmp-global_step12``; after a barrier over all roles, global rank 0 writes ``trainer.json`` and
+Every rank writes into ``.tmp-global_step12``; after a barrier over all roles, global rank 0 writes ``trainer.json``,
+``config.yaml``, the manifest (listing the files every rank wrote: all ranks share the file system) and
 ``COMMITTED``, renames the folder into place and removes the oldest checkpoints beyond the limit.
-A crash at any point leaves either no new checkpoint or a complete one.
+A crash at any point leaves either no new checkpoint or a complete one; a file damaged afterwards is found
+by the manifest before the checkpoint is loaded (``newest_intact``).
 """
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from ..distributed.collectives import barrier
+from ..distributed.collectives import barrier, max_over_ranks
+from .manifest import damage, write_manifest
 from .rng import rng_state, set_rng_state
 
 COMMITTED = "COMMITTED"
+CONFIG = "config.yaml"
 _STEP_DIR = re.compile(r"^global_step(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used, or checkpoints a run must not overwrite; the message names the file."""
 
 
 def committed_steps(ckpt_path: str | Path) -> list[int]:
@@ -43,9 +54,55 @@ def committed_steps(ckpt_path: str | Path) -> list[int]:
     return sorted(steps)
 
 
-def latest_checkpoint(ckpt_path: str | Path) -> Path | None:
-    steps = committed_steps(ckpt_path)
-    return Path(ckpt_path) / f"global_step{steps[-1]}" if steps else None
+def step_of(folder: Path) -> int:
+    return int(_STEP_DIR.match(folder.name).group(1))
+
+
+def newest_intact(ckpt_path: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest committed checkpoint whose files match its manifest (None when there is no committed one),
+    and the newer committed ones found damaged, each with what is wrong.  Raises CheckpointError, naming
+    every damaged file, when no committed checkpoint is intact.  Deterministic: every rank reading the same
+    file system picks the same one."""
+    root = Path(ckpt_path)
+    damaged = []
+    for step in reversed(committed_steps(root)):
+        folder = root / f"global_step{step}"
+        why = damage(folder)
+        if why is None:
+            return folder, damaged
+        damaged.append((folder, why))
+    if damaged:
+        raise CheckpointError(f"no intact checkpoint in {root}: {'; '.join(why for _, why in damaged)} "
+                              f"(ckpt.start_over=true moves them aside and starts from step 0)")
+    return None, []
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def set_aside_damaged(folder: Path) -> Path:
+    """Rename a damaged checkpoint so that it is neither loaded nor counted (nor removed) by later saves."""
+    target = folder.with_name(f"{folder.name}.damaged-{_stamp()}")
+    folder.rename(target)
+    return target
+
+
+def move_aside(ckpt_path: str | Path) -> Path | None:
+    """Move every checkpoint folder of ``ckpt_path`` (committed, unfinished or set aside as damaged) into a
+    new dated folder ``ckpt_path/old-DATE`` and return it (None when there was nothing to move)."""
+    root = Path(ckpt_path)
+    found = [p for p in root.glob("*") if p.name.startswith(("global_step", ".tmp-global_step"))]
+    if not found:
+        return None
+    target, n = root / f"old-{_stamp()}", 1
+    while target.exists():
+        n += 1
+        target = root / f"old-{_stamp()}-{n}"
+    target.mkdir()
+    for p in found:
+        p.rename(target / p.name)
+    return target
 
 
 def _default_barrier() -> None:
@@ -56,14 +113,15 @@ def _default_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def save_checkpoint(engines: dict, ckpt_path: str | Path, step: int, trainer_state: dict, max_keep: int,
-                    rank: int | None = None, barrier: Callable[[], None] = _default_barrier,
+def save_checkpoint(engines: dict, ckpt_path: str | Path, step: int, trainer_state: dict, max_keep: int, *,
+                    run_config: str, rank: int | None = None, barrier: Callable[[], None] = _default_barrier,
                     rank_state: dict | None = None) -> Path:
     """Collective over every rank of the job (``barrier`` spans them all; ``rank`` is the global rank).
 
     ``engines`` maps a name to each DeepSpeed engine this rank holds; an engine's ranks all hold it
     under the same name, and its shards go to ``<name>/``.  ``rank_state`` (any picklable dict) is
-    this rank's own state; ``load_checkpoint`` hands it back as ``state["rank_state"]``.
+    this rank's own state; ``load_checkpoint`` hands it back as ``state["rank_state"]``.  ``run_config``
+    (the run's config as YAML) is kept as ``config.yaml``.
     """
     rank = _default_rank() if rank is None else rank
     root = Path(ckpt_path)
@@ -81,6 +139,8 @@ def save_checkpoint(engines: dict, ckpt_path: str | Path, step: int, trainer_sta
     barrier()
     if rank == 0:
         (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
+        (tmp / CONFIG).write_text(run_config)
+        write_manifest(tmp)
         (tmp / COMMITTED).write_text(f"{step}\n")
         if final.exists():
             shutil.rmtree(final)
@@ -91,22 +151,60 @@ def save_checkpoint(engines: dict, ckpt_path: str | Path, step: int, trainer_sta
     return final
 
 
-def load_checkpoint(engines: dict, path: str | Path, rank: int | None = None) -> dict:
-    """Restore this rank's engines and RNG states; return the trainer state (with this rank's
-    ``rank_state`` under the key "rank_state" when it saved one)."""
-    rank = _default_rank() if rank is None else rank
-    path = Path(path)
-    for name, engine in engines.items():
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def _read(file: Path, load: Callable = lambda f: torch.load(f, weights_only=False)):
+    try:
+        return load(file)
+    except Exception as e:  # a damaged file of a checkpoint without manifest: name it
+        raise CheckpointError(f"{file} cannot be loaded ({_first_line(e)})") from e
+
+
+def _load_engine(engine, path: Path, name: str) -> None:
+    try:
         load_path, _ = engine.load_checkpoint(str(path), tag=name, load_optimizer_states=True,
                                               load_lr_scheduler_states=True)
-        if load_path is None:
-            raise RuntimeError(f"DeepSpeed found no checkpoint in {path}/{name}")
-    rng_file = path / f"rng_rank{rank}.pt"
-    if not rng_file.is_file():
-        raise RuntimeError(f"{rng_file} is missing: was the checkpoint written with a different number of ranks?")
-    set_rng_state(torch.load(rng_file, weights_only=False))
-    state = json.loads((path / "trainer.json").read_text())
-    own = path / f"state_rank{rank}.pt"
-    if own.is_file():
-        state["rank_state"] = torch.load(own, weights_only=False)
+    except Exception as e:
+        raise CheckpointError(f"{path / name}: DeepSpeed could not load it ({_first_line(e)})") from e
+    if load_path is None:
+        raise CheckpointError(f"DeepSpeed found no checkpoint in {path / name}")
+
+
+def _on_every_rank(phase: Callable, agree: Callable[[int], int], path: Path):
+    """``phase()`` on this rank; when it fails on any rank, every rank raises (before the next phase, whose
+    collectives would wait for the failed rank forever): its own error, or one saying another rank failed."""
+    try:
+        result, error = phase(), None
+    except CheckpointError as e:
+        result, error = None, e
+    if agree(int(error is not None)):
+        raise error or CheckpointError(f"another rank could not load its part of {path} (its log names the file)")
+    return result
+
+
+def load_checkpoint(engines: dict, path: str | Path, rank: int | None = None,
+                    agree: Callable[[int], int] = max_over_ranks) -> dict:
+    """Restore this rank's engines and RNG states; return the trainer state (with this rank's
+    ``rank_state`` under the key "rank_state" when it saved one).  Collective: ``agree`` is the maximum of
+    an int over every rank of the job; a file that cannot be read stops every rank with a CheckpointError."""
+    rank = _default_rank() if rank is None else rank
+    path = Path(path)
+
+    def own_files() -> tuple:
+        rng_file = path / f"rng_rank{rank}.pt"
+        if not rng_file.is_file():
+            raise CheckpointError(f"{rng_file} is missing: was the checkpoint written with a different number of "
+                                  f"ranks?")
+        state = _read(path / "trainer.json", lambda f: json.loads(f.read_text()))
+        own = path / f"state_rank{rank}.pt"
+        if own.is_file():
+            state["rank_state"] = _read(own)
+        return _read(rng_file), state
+
+    rng, state = _on_every_rank(own_files, agree, path)
+    _on_every_rank(lambda: [_load_engine(engine, path, name) for name, engine in engines.items()], agree, path)
+    set_rng_state(rng)
     return state

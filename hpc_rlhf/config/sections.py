@@ -150,7 +150,15 @@ class CheckpointConfig:
                                                           "final model is exported to save_path in any case)")
     ckpt_path: str = field("./ckpt/checkpoints", help="folder of resumable checkpoints")
     max_ckpt_num: int = field(3, ge=1, help="resumable checkpoints kept (oldest removed first)")
-    load_checkpoint: bool = field(False, help="resume from the newest committed checkpoint in ckpt_path")
+    load_checkpoint: bool = field(False, help="resume from the newest intact committed checkpoint in ckpt_path, "
+                                              "even one written with another config (a warning lists the "
+                                              "differences); checkpoints of the same config resume without it")
+    start_over: bool = field(False, help="start from step 0 although ckpt_path holds checkpoints: they are moved "
+                                         "into ckpt_path/old-DATE (never deleted); a SLURM requeue still resumes")
+
+    def validate(self) -> None:
+        if self.load_checkpoint and self.start_over:
+            raise ConfigError("ckpt.load_checkpoint and ckpt.start_over contradict each other: set one")
 
 
 @dataclass

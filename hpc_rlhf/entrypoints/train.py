@@ -6,11 +6,14 @@ import json
 from pathlib import Path
 
 from .. import commands
-from ..config import ConfigError, reference
+from ..checkpoint.existing import choose
+from ..checkpoint.store import CheckpointError
+from ..config import ConfigError, dump_yaml, reference
 from ..config.base import leaf_values
 from ..data.rows import DataError
 from ..data.sources import check_source
 from ..distributed.env import read_env
+from ..distributed.rendezvous import restart_count
 from ..launch.local import already_launched, launch_local
 from ..launch.plan import run_plan
 from ..launch.submit import submit
@@ -44,13 +47,17 @@ def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
     """Command ``name`` on N local ranks when it needs several and no launcher started us; otherwise this
     process is one rank and runs it (the main rank prints the summary of a command that prints one).
 
-    The config and the paths it names are checked first, in the launching process before it starts any rank,
-    and on every rank (under srun there is no launching process); only the main rank reports a problem."""
+    The config, the paths it names and the checkpoints in its ckpt_path are checked first, in the launching
+    process before it starts any rank, and on every rank (under srun there is no launching process); only the
+    main rank reports a problem.  A trainer whose ckpt_path holds checkpoints it must neither resume nor
+    overwrite stops here (exit 2), before any model is loaded."""
     try:
         cfg = commands.load_config(name, config_path, rest)
         check_inputs(cfg)
+        if name.startswith(commands.TRAIN):
+            choose(cfg.ckpt, dump_yaml(cfg), restart_count() > 0, report=False)
         plan = commands.placement_plan(name, cfg)
-    except ConfigError:
+    except (ConfigError, CheckpointError):
         if not read_env().is_main:
             raise SystemExit(2) from None  # the main rank prints the same message
         raise

@@ -1,12 +1,16 @@
 """What every trainer does around its loop: join the world with the stop signals armed (``run_in_world`` for
-the data-parallel trainers, ``run_in_roles`` for the RL run's role worlds), and start from the newest
-committed checkpoint when asked to resume or when SLURM requeued the job (a restarted job must not begin
-again from step 0)."""
+the data-parallel trainers, ``run_in_roles`` for the RL run's role worlds), and start from the newest intact
+committed checkpoint when asked to resume, when SLURM requeued the job (a restarted job must not begin again
+from step 0) or when ckpt_path holds checkpoints of the same config (`checkpoint/existing.py`)."""
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
-from ..checkpoint.store import latest_checkpoint, load_checkpoint
+from ..checkpoint.existing import choose
+from ..checkpoint.store import CheckpointError, load_checkpoint, move_aside, set_aside_damaged, step_of
+from ..config import dump_yaml
+from ..distributed.collectives import max_over_ranks
 from ..distributed.env import init_distributed, shutdown
 from ..distributed.preemption import RunStopped, StopRequest
 from ..distributed.rendezvous import restart_count
@@ -52,16 +56,34 @@ def run_in_roles(cfg, plan, body):
         stop.restore()
 
 
-def resume(engines: dict, ckpt_cfg, is_main: bool, rank: int | None = None) -> dict | None:
-    """The trainer state of the checkpoint loaded into ``engines`` (its "step" included), or None."""
-    if not (ckpt_cfg.load_checkpoint or restart_count() > 0):
+def resume(engines: dict, cfg, is_main: bool, rank: int | None = None,
+           agree: Callable[[int], int] = max_over_ranks) -> dict | None:
+    """The trainer state of the checkpoint loaded into ``engines`` (its "step" included), or None: step 0.
+
+    `checkpoint/existing.py:choose` decides from the files (and raises when the run must neither resume nor
+    start over); ``agree`` (the maximum of an int over every rank of the job) makes sure that every rank chose
+    the same checkpoint before any loads it.  The main rank moves the old checkpoints aside for
+    ``ckpt.start_over`` and renames the damaged ones newer than the checkpoint loaded, so that no later save
+    counts them among the ``max_ckpt_num`` it keeps (which could remove the intact one)."""
+    ckpt, restarted = cfg.ckpt, restart_count() > 0
+    if ckpt.start_over and not restarted:
+        moved = move_aside(ckpt.ckpt_path) if is_main else None
+        if moved is not None:
+            log.warning("ckpt.start_over: moved the checkpoints of %s into %s; starting from step 0",
+                        ckpt.ckpt_path, moved)
         return None
-    path = latest_checkpoint(ckpt_cfg.ckpt_path)
+    path, damaged = choose(ckpt, dump_yaml(cfg), restarted, report=is_main)
+    step = step_of(path) if path is not None else 0
+    low, high = -agree(-step), agree(step)
+    if low != high:
+        raise CheckpointError(f"the ranks chose different checkpoints in {ckpt.ckpt_path} (steps {low} to {high}; "
+                              f"0: none): does every node see the same files there?")
     if path is None:
-        if is_main:
-            log.info("load_checkpoint: no committed checkpoint in %s; starting fresh", ckpt_cfg.ckpt_path)
         return None
-    state = load_checkpoint(engines, path, rank=rank)
+    if is_main:
+        for folder, _ in damaged:
+            log.warning("renamed the damaged checkpoint %s to %s", folder, set_aside_damaged(folder))
+    state = load_checkpoint(engines, path, rank=rank, agree=agree)
     if is_main:
         log.info("resumed from %s at step %d", path, state["step"])
     return state

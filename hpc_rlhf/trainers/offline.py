@@ -97,7 +97,7 @@ def _run(cfg, name: str, de: DistEnv, stop: StopRequest) -> dict[str, float]:
                  sampler.padded_in_last_step)
     engine = build_engine(model, cfg.train, cfg.train.learning_rate, cfg.model.param_dtype, total_steps,
                           de.world_size)
-    state = resume({"model": engine}, cfg.ckpt, de.is_main)
+    state = resume({"model": engine}, cfg, de.is_main)
 
     def step(i: int) -> dict[str, float]:
         t0 = time.time()
@@ -109,7 +109,8 @@ def _run(cfg, name: str, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         return metrics
 
     def save(n: int) -> None:
-        save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n}, cfg.ckpt.max_ckpt_num)
+        save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n}, cfg.ckpt.max_ckpt_num,
+                        run_config=dump_yaml(cfg))
 
     boundary = StepBoundary(stop, cfg.ckpt.save_steps, save, max_over_ranks, barrier, de.is_main)
     metrics = run_steps(cfg, step, state["step"] if state else 0, total_steps, boundary, is_main=de.is_main,

@@ -226,11 +226,12 @@ class RLRun:
     def save(self, step: int) -> None:
         state = {"step": step, **self.algo.state_dict(), "reward_moments": self.reward_moments.state_dict()}
         save_checkpoint(self.roles.engines(), self.cfg.ckpt.ckpt_path, step, state, self.cfg.ckpt.max_ckpt_num,
-                        rank=self.ctx.global_rank, barrier=self.ctx.control.barrier,
+                        run_config=dump_yaml(self.cfg), rank=self.ctx.global_rank, barrier=self.ctx.control.barrier,
                         rank_state=self.collector.ahead.state())
 
     def _maybe_resume(self) -> int:
-        state = resume(self.roles.engines(), self.cfg.ckpt, self.is_main, rank=self.ctx.global_rank)
+        state = resume(self.roles.engines(), self.cfg, self.is_main, rank=self.ctx.global_rank,
+                       agree=self.ctx.control.max)
         if state is None:
             return 0
         self.algo.load_state_dict(state)
