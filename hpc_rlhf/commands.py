@@ -12,9 +12,17 @@ import os
 import sys
 from dataclasses import dataclass
 
+from pathlib import Path
+
+from .checkpoint.existing import choose
+from .config import ConfigError, dump_yaml, reference
 from .config import load_config as parse_config
-from .config import reference
+from .config.base import leaf_values
+from .data.rows import DataError
+from .data.sources import check_source
 from .distributed.preemption import EXIT_STOPPED, RunStopped
+from .distributed.rendezvous import restart_count
+from .models.loading import HubOfflineError, resolve_pretrained
 
 TRAIN = "train "  # the trainers' commands: `hpc-rlhf train NAME`, also planned and submitted to SLURM
 
@@ -74,6 +82,37 @@ def placement_plan(name: str, cfg):
     """The placement plan of a command whose ranks come from one (train rl), else None."""
     plan = COMMANDS[name].plan
     return resolve(plan)(cfg) if plan else None
+
+
+def _check_file(path: str) -> None:
+    if not Path(path).expanduser().is_file():
+        raise FileNotFoundError(f"{path} is not a file" if Path(path).expanduser().exists()
+                                else f"file {path} does not exist")
+
+
+_CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": check_source}
+
+
+def check_inputs(cfg) -> None:
+    """ConfigError naming the option when a model, file or data source the run reads cannot be found (a missing
+    local path, or a hub name while offline): a few file-system lookups, before any rank loads anything."""
+    for key, f, value in leaf_values(cfg):
+        check = _CHECKS.get(f.metadata.get("path"))
+        if check is None or value is None:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            try:
+                check(item)
+            except (FileNotFoundError, HubOfflineError, DataError) as e:
+                raise ConfigError(f"{key}: {e}") from None
+
+
+def preflight(name: str, cfg) -> None:
+    """The checks of a run before any rank starts: the inputs its config names exist, and a trainer's ckpt_path
+    holds no checkpoints it must neither resume nor overwrite (CheckpointError).  Seconds, no model loaded."""
+    check_inputs(cfg)
+    if name.startswith(TRAIN):
+        choose(cfg.ckpt, dump_yaml(cfg), restart_count() > 0, report=False)
 
 
 def run(name: str, cfg):

@@ -17,6 +17,7 @@ from hpc_rlhf.config import ConfigError, load_config
 from hpc_rlhf.config.base import leaf_paths
 from hpc_rlhf.config.rl import RLConfig
 from hpc_rlhf.entrypoints import train as train_entry
+from hpc_rlhf.launch.submit import submit
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -197,6 +198,14 @@ def test_the_iterative_dpo_driver_checks_its_inputs(no_run, tmp_path, capsys):
                    f"dpo_config={tmp_path / 'missing.yaml'}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("hpc-rlhf: config error: iterative.dpo_config: "), err
+
+
+def test_submit_checks_before_queueing(rl_inputs, no_run, tmp_path):
+    # `hpc-rlhf submit` and the launchers' submit(): a missing input stops on the login node, not in the queue
+    with pytest.raises(ConfigError, match=r"^reward\.reward_func: file .*nope\.py does not exist"):
+        submit("rl", None, [*rl_inputs, f"reward_func={tmp_path / 'nope.py'}", f"log_dir={tmp_path / 'logs'}"],
+               folder=tmp_path / "submitit")
+    assert not (tmp_path / "submitit").exists()
 
 
 def test_only_the_main_rank_reports(rl_inputs, no_run, tmp_path, capsys, monkeypatch):

@@ -11,7 +11,7 @@ from ..distributed.env import read_env
 from ..pipelines import builders
 from ..pipelines.common import read_jsonl, write_jsonl
 from ..pipelines.iterative_dpo import StageFailed
-from .train import check_inputs, launch_or_run
+from .train import launch_or_run
 
 
 def cmd_configured(args: argparse.Namespace, rest: list[str]) -> int:
@@ -21,7 +21,7 @@ def cmd_configured(args: argparse.Namespace, rest: list[str]) -> int:
 def cmd_driver(args: argparse.Namespace, rest: list[str]) -> int:
     """A driver is one process; it prints one JSON row per stage summary it yields."""
     cfg = commands.load_config(args.command_name, args.config, rest)
-    check_inputs(cfg)
+    commands.check_inputs(cfg)
     if read_env().world_size > 1:
         print(f"hpc-rlhf {args.command_name}: run the driver as one process; its stages start "
               "iterative.stage_nproc ranks each", file=sys.stderr)

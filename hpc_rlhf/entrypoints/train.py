@@ -3,44 +3,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from .. import commands
-from ..checkpoint.existing import choose
 from ..checkpoint.store import CheckpointError
-from ..config import ConfigError, dump_yaml, reference
-from ..config.base import leaf_values
-from ..data.rows import DataError
-from ..data.sources import check_source
+from ..config import ConfigError, reference
 from ..distributed.env import read_env
-from ..distributed.rendezvous import restart_count
 from ..launch.local import already_launched, launch_local
 from ..launch.plan import run_plan
 from ..launch.submit import submit
-from ..models.loading import HubOfflineError, resolve_pretrained
-
-
-def _check_file(path: str) -> None:
-    if not Path(path).expanduser().is_file():
-        raise FileNotFoundError(f"{path} is not a file" if Path(path).expanduser().exists()
-                                else f"file {path} does not exist")
-
-
-_CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": check_source}
-
-
-def check_inputs(cfg) -> None:
-    """ConfigError naming the option when a model, file or data source the run reads cannot be found (a missing
-    local path, or a hub name while offline): a few file-system lookups, before any rank loads anything."""
-    for key, f, value in leaf_values(cfg):
-        check = _CHECKS.get(f.metadata.get("path"))
-        if check is None or value is None:
-            continue
-        for item in value if isinstance(value, list) else [value]:
-            try:
-                check(item)
-            except (FileNotFoundError, HubOfflineError, DataError) as e:
-                raise ConfigError(f"{key}: {e}") from None
 
 
 def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
@@ -53,9 +23,7 @@ def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
     overwrite stops here (exit 2), before any model is loaded."""
     try:
         cfg = commands.load_config(name, config_path, rest)
-        check_inputs(cfg)
-        if name.startswith(commands.TRAIN):
-            choose(cfg.ckpt, dump_yaml(cfg), restart_count() > 0, report=False)
+        commands.preflight(name, cfg)
         plan = commands.placement_plan(name, cfg)
     except (ConfigError, CheckpointError):
         if not read_env().is_main:

@@ -77,6 +77,7 @@ def submit(trainer: str, config_path: str | None, overrides: list[str] | None = 
     overrides = list(overrides or [])
     name = commands.TRAIN + trainer
     cfg = commands.load_config(name, config_path, overrides)
+    commands.preflight(name, cfg)  # missing inputs, checkpoints to neither resume nor overwrite: before queueing
     log_dir = str(Path(cfg.slurm.log_dir).resolve())
     Path(log_dir).mkdir(parents=True, exist_ok=True)  # sbatch opens LOG_DIR/JOBID.out before the script runs
     folder = Path(folder or Path(log_dir) / "submitit")
