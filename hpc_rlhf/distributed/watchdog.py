@@ -60,6 +60,11 @@ class Watchdog:
         self.rank, self.world, self.describe, self.urgent = rank, world, describe, urgent
         self.interval_s, self.dead_after_s, self.store_host = interval_s, dead_after_s, store_host
         self._store = dist.TCPStore(host, port, world, False, timeout=datetime.timedelta(seconds=dead_after_s))
+        # A connection that never carries a request: it reads end-of-file once the store's host is gone.  Checked
+        # before every use of the store, it spares the logs the C++ stack trace that torch prints (whatever the
+        # Python code does) when a store call meets a closed connection.
+        self._probe = socket.create_connection((host, port), timeout=dead_after_s)
+        self._probe.setblocking(False)
         self._stop = threading.Event()
         # the SLURM node name (several virtual nodes may share a host), else the host name
         self._store.set(f"hb/host/{rank}", os.environ.get("SLURMD_NODENAME") or socket.gethostname())
@@ -73,6 +78,7 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self.interval_s * 5)
+        self._probe.close()
 
     def explain_failure(self) -> None:
         """Called when a collective failed: give the watchdog time to name the peer that caused it (it then
@@ -93,6 +99,16 @@ class Watchdog:
         except Exception:  # the store is gone with its host: the peers' watchdogs find out on their own
             return
         self._linger()
+
+    def _check_store(self) -> None:
+        try:
+            closed = self._probe.recv(1) == b""
+        except BlockingIOError:  # open, nothing to read
+            return
+        except OSError:
+            closed = True
+        if closed:
+            raise ConnectionError("connection closed")
 
     def _beat(self) -> None:
         self._store.set(f"hb/{self.rank}", repr(time.time()))
@@ -121,6 +137,7 @@ class Watchdog:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
+                self._check_store()
                 self._beat()
                 verdict = read_verdict(self._store)
                 dead = [] if verdict else self.dead_peers()
