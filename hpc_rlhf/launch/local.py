@@ -121,7 +121,7 @@ def _supervise(procs: list[subprocess.Popen], store: dist.TCPStore, grace_s: flo
 
 
 def _exit_code(returncode: int) -> int:
-    """A child's return code as a shell (and srun) reports it: 128+N for a child killed by signal N."""
+    """A child's return code as a shell reports it: 128+N for a child killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
 
 
