@@ -1,10 +1,10 @@
 """One rank of a tiny role job for the launcher tests: `python tests/roles_job.py SCENARIO MARKER_DIR`.
 
 The plan has one rank per role, actor, reward, rollout (as many as WORLD_SIZE; one rank without a launcher).
-Every rank joins the worlds through ``run_in_roles`` (heartbeats every second, dead after 2 s), writes its pid
-to MARKER_DIR/rank-N and loops on barriers over the control bridge.  Scenario ``raise``: rank 1 (rank 0
-when alone) raises a ValueError instead, after writing the time to MARKER_DIR/raised.  Scenario ``idle``:
-the rank joins nothing and sleeps, so only the launcher can end it.
+Scenario ``barriers``: every rank joins the worlds through ``run_in_roles`` (heartbeats every second, dead
+after 2 s), writes its pid to MARKER_DIR/rank-N and loops on barriers over the control bridge.  Scenario
+``raise``: the same, but rank 1 (rank 0 when alone) raises a ValueError instead, after writing the time to
+MARKER_DIR/raised.  Scenario ``idle``: the rank joins nothing and sleeps, so only the launcher can end it.
 """
 import os
 import sys
