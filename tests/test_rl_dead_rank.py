@@ -1,11 +1,13 @@
-"""A rank that dies mid-run takes every other rank down within 60 s, each naming the dead role and rank.
+"""A rank that dies mid-run takes every other rank down within 60 s, each naming the dead role and rank; a
+rank's own error ends the job at once.
 
-The ranks are started as plain processes with the rendezvous in their environment, as srun starts them,
-so nothing but the job's own watchdog notices the death.
+The ranks of the first test are started as plain processes with the rendezvous in their environment, as srun
+starts them, so nothing but the job's own watchdog notices the death.
 """
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,9 +17,9 @@ import time
 import pytest
 import yaml
 
-from rl_fixtures import make_assets, merged
+from rl_fixtures import make_assets, merged, start_rl
 
-pytestmark = pytest.mark.slow  # about 26 s: the default suite stays under 12 minutes
+pytestmark = pytest.mark.slow  # about 26 s and 20 s: the default suite stays under 12 minutes
 
 
 def test_killed_rollout_rank_stops_every_rank(tmp_path):
@@ -58,3 +60,23 @@ def test_killed_rollout_rank_stops_every_rank(tmp_path):
     assert elapsed < 60, elapsed
     for err in errs.values():
         assert "rank 2 (roles rollout" in err, err[-3000:]
+
+
+def test_empty_prompt_file_on_three_ranks_ends_the_job_at_once(tmp_path):
+    """Every rank fails on its own (an empty prompt file): the launcher exits with code 2 once they have
+    started, naming one of them; before, each rank waited dead_rank_timeout_s + 5 s for a verdict first."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    cfg = merged(make_assets(tmp_path), data={"prompt_data": [str(empty)]},
+                 placement={"colocate_critic_reward": True, "dead_rank_timeout_s": 120})
+    started = time.time()
+    proc = start_rl(cfg, tmp_path, "empty")
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    took = time.time() - started
+    print(f"the job ended after {took:.1f} s")
+    assert proc.returncode == 2, err[-3000:]
+    assert re.search(r"hpc-rlhf launcher: rank \d \(roles \w+\) .*; stopping the other ranks", err), err[-3000:]
+    assert took < 120, took

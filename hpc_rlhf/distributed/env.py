@@ -3,6 +3,10 @@
 The local launcher and torchrun set RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT.
 Under srun the command line entry point first derives the same variables from the SLURM environment
 (``distributed.rendezvous.adopt_slurm_rendezvous``).  A plain `python` run is rank 0 of 1.
+
+The job's TCPStore listens on MASTER_ADDR:MASTER_PORT.  Global rank 0 hosts it, unless the local launcher
+does (it then sets LAUNCHER_STORE to that address): a store in the launcher outlives every rank, so the
+launcher and the ranks can read there which rank brought the job down.
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import torch
 import torch.distributed as dist
 
 from .collectives import barrier
+
+LAUNCHER_STORE = "HPC_RLHF_LAUNCHER_STORE"  # "host:port" of a store the local launcher hosts for its ranks
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,17 @@ def rendezvous_env() -> DistEnv:
     return de
 
 
+def store_host(de: DistEnv) -> int | None:
+    """The global rank hosting the job's store: 0, or None when the local launcher hosts it."""
+    return None if os.environ.get(LAUNCHER_STORE) == f"{de.master_addr}:{de.master_port}" else 0
+
+
+def open_store(de: DistEnv, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The job's store on MASTER_ADDR:MASTER_PORT, started here on the rank that hosts it."""
+    return dist.TCPStore(de.master_addr, de.master_port, de.world_size, de.rank == store_host(de),
+                         timeout=timeout)
+
+
 def pick_backend(choice: str = "auto") -> str:
     if choice != "auto":
         return choice
@@ -72,9 +89,9 @@ def init_distributed(backend: str = "auto", timeout_s: int = 600) -> DistEnv:
     for key, value in (("RANK", de.rank), ("WORLD_SIZE", de.world_size), ("LOCAL_RANK", de.local_rank),
                        ("MASTER_ADDR", de.master_addr), ("MASTER_PORT", de.master_port)):
         os.environ.setdefault(key, str(value))
-    dist.init_process_group(backend=backend, init_method=f"tcp://{de.master_addr}:{de.master_port}",
-                            rank=de.rank, world_size=de.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=backend, store=open_store(de, timeout), rank=de.rank,
+                            world_size=de.world_size, timeout=timeout)
     return de
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .collectives import Bridge
-from .env import device_for, pick_backend, rendezvous_env
+from .env import device_for, open_store, pick_backend, rendezvous_env, store_host
 from .placement import Component, PlacementPlan
 from .watchdog import Watchdog
 
@@ -62,7 +62,7 @@ def join(plan: PlacementPlan, backend: str = "auto", timeout_s: float = 1800.0,
     if backend == "nccl":
         torch.cuda.set_device(device_for(de))
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(de.master_addr, de.master_port, de.world_size, de.rank == 0, timeout=timeout)
+    store = open_store(de, timeout)
     comp = plan.component_of(de.rank)
     os.environ.update(RANK=str(de.rank - comp.first_rank), WORLD_SIZE=str(comp.size),
                       LOCAL_RANK=str(de.local_rank))
@@ -82,7 +82,8 @@ def join(plan: PlacementPlan, backend: str = "auto", timeout_s: float = 1800.0,
         if de.rank in members:
             weights = Bridge("weights", members, de.rank, store, timeout_s, backend)
     watchdog = Watchdog(de.master_addr, de.master_port, de.rank, de.world_size,
-                        lambda r: describe_rank(plan, r), dead_after_s=dead_after_s, urgent=urgent).start()
+                        lambda r: describe_rank(plan, r), dead_after_s=dead_after_s, urgent=urgent,
+                        store_host=store_host(de)).start()
     return RoleContext(plan, de.rank, comp, control, trainers_bridge, weights, watchdog, backend)
 
 

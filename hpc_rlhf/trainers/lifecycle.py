@@ -14,6 +14,7 @@ from ..distributed.collectives import max_over_ranks
 from ..distributed.env import init_distributed, shutdown
 from ..distributed.preemption import RunStopped, StopRequest
 from ..distributed.rendezvous import restart_count
+from ..distributed.watchdog import from_torch_distributed
 from ..distributed.worlds import join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
 
@@ -34,8 +35,10 @@ def run_in_world(cfg, body):
 
 def run_in_roles(cfg, plan, body):
     """``body(role_context, stop)`` on this rank, between joining the job's role worlds (``plan``) and leaving
-    them.  An error other than a stop is explained by the watchdog first: a dead peer is the usual cause, and
-    naming it beats gloo's message."""
+    them.  An error out of a collective (or the store) first waits for the watchdog's verdict: a dead peer is
+    the usual cause, and the watchdog then ends this process naming it, which beats gloo's message.  Any other
+    error is this rank's own: it becomes the job's verdict (the peers stop, naming this rank) and is raised
+    at once."""
     configure_deepspeed_env()
     stop = StopRequest.from_config(cfg.slurm)
     try:
@@ -47,8 +50,10 @@ def run_in_roles(cfg, plan, body):
         except RunStopped:
             leave(ctx)
             raise
-        except Exception:
-            ctx.watchdog.explain_failure()
+        except Exception as e:
+            if from_torch_distributed(e):
+                ctx.watchdog.explain_failure()
+            ctx.watchdog.fail(e)
             raise
         leave(ctx)
         return result
