@@ -13,6 +13,8 @@ import pytest
 import yaml
 from sft_fixtures import sft_config
 
+pytestmark = pytest.mark.slow  # about 27 s; test_checkpoint.py covers each rule in the default suite in seconds
+
 MODEL = "model/mp_rank_00_model_states.pt"
 
 

@@ -153,6 +153,7 @@ def test_conditional_sft_prefix_in_data_and_generation(assets, tmp_path):
                                                                    "<rm_score>: 5.0 Q: 1+1= A:"]
 
 
+@pytest.mark.slow  # the default suite stays under 12 minutes (issue 14 added ~120 s)
 def test_iterative_dpo_two_rounds(assets, tmp_path):
     dpo = _yaml(tmp_path / "dpo.yaml", {
         "model": {"param_dtype": "fp32"}, "data": {"max_len": 32},

@@ -6,6 +6,7 @@ import torch
 from rl_fixtures import make_assets, merged, run_rl
 
 
+@pytest.mark.slow  # the default suite stays under 12 minutes (issue 14 added ~120 s)
 def test_lora_actor_syncs_merged_layers_only(tmp_path):
     from transformers import AutoModelForCausalLM
     base = make_assets(tmp_path)
