@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config.base import _flatten
+from ..config.base import flatten_keys
 from .manifest import has_manifest
 from .store import CONFIG, CheckpointError, committed_steps, newest_intact
 
@@ -34,7 +34,7 @@ def _ignored(key: str) -> bool:
 def config_differences(stored: str, current: str) -> dict[str, tuple]:
     """The options (dotted keys, IGNORED ones aside) whose values differ between two YAML dumps of a
     config: key -> (stored value, current value); a key missing on one side has the value None."""
-    a, b = _flatten(yaml.safe_load(stored) or {}), _flatten(yaml.safe_load(current) or {})
+    a, b = flatten_keys(yaml.safe_load(stored) or {}), flatten_keys(yaml.safe_load(current) or {})
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
             if not _ignored(k) and a.get(k) != b.get(k)}
 

@@ -241,12 +241,12 @@ def resolve_key(cls: type, key: str) -> str:
                       f"`hpc-rlhf options` lists them all (docs/options.md too).")
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten_keys(d: dict, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
         path = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flatten(v, path + "."))
+            out.update(flatten_keys(v, path + "."))
         else:
             out[path] = v
     return out
@@ -324,7 +324,7 @@ def load_config(cls: type, path: str | Path | None = None, overrides: list[str] 
             raise ConfigError(f"config file {path} must hold a mapping of options, not {type(data).__name__}")
         sources.append((str(path), data))
     for origin, data in sources:
-        for k, v in _flatten(data).items():
+        for k, v in flatten_keys(data).items():
             try:
                 values[resolve_key(cls, k)] = v
             except ConfigError as e:
