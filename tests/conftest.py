@@ -1,6 +1,9 @@
 """Shared fixtures: a tiny byte-level tokenizer with a ChatML template, built locally (no hub)."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 pytest_plugins = ["slurm_cluster"]
@@ -40,3 +43,31 @@ def chatml_tokenizer():
 @pytest.fixture(scope="session")
 def bos_tokenizer():
     return make_tokenizer(bos=True)
+
+
+# ---- the real assets (scripts/real_assets.sh): tests marked `real` fail, never skip, without them ----------
+REAL_MODEL = "smollm2-135m-instruct"
+
+
+def assets_dir() -> Path:
+    return Path(os.path.expanduser(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")))
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"real asset {path} is missing: run `bash scripts/real_assets.sh` (HPC_RLHF_ASSETS="
+                    f"{assets_dir()})", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_model() -> str:
+    """The SmolLM2-135M-Instruct transformers folder that scripts/real_assets.sh converted from GGUF."""
+    return str(_need(assets_dir() / REAL_MODEL / "config.json").parent)
+
+
+@pytest.fixture(scope="session")
+def asdiv() -> Path:
+    """The folder with ASDiv's train.jsonl and heldout.jsonl splits (scripts/real_assets.sh)."""
+    _need(assets_dir() / "asdiv" / "heldout.jsonl")
+    return _need(assets_dir() / "asdiv" / "train.jsonl").parent
