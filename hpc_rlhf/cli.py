@@ -11,6 +11,7 @@ from .data.rows import DataError
 from .distributed.rendezvous import adopt_slurm_rendezvous
 from .engines.deepspeed_strategy import configure_deepspeed_env
 from .entrypoints import demo, pipelines, tools, train
+from .models.gguf import GGUFImportError
 from .models.loading import HubOfflineError
 from .rewards.types import RewardError
 
@@ -19,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpc-rlhf", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     train.add_parsers(sub)  # train, plan, submit, options
-    tools.add_parsers(sub)  # tiny-model, lora-merge, serve-reward
+    tools.add_parsers(sub)  # tiny-model, import-gguf, lora-merge, serve-reward
     demo.add_parsers(sub)
     pipelines.add_parsers(sub)  # generate, score, iterative-dpo, best-of-n, make-pairs, csft-data
     return p
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"hpc-rlhf: config error: {e}", file=sys.stderr)
         return 2
-    except (DataError, HubOfflineError, FileNotFoundError, RewardError, CheckpointError) as e:
+    except (DataError, HubOfflineError, FileNotFoundError, RewardError, CheckpointError, GGUFImportError) as e:
         print(f"hpc-rlhf: {e}", file=sys.stderr)
         return 2
 

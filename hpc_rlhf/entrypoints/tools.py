@@ -1,4 +1,4 @@
-"""`hpc-rlhf tiny-model`, `hpc-rlhf lora-merge` and `hpc-rlhf serve-reward`."""
+"""`hpc-rlhf tiny-model`, `hpc-rlhf import-gguf`, `hpc-rlhf lora-merge` and `hpc-rlhf serve-reward`."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import signal
 import sys
 import threading
 
-from ..models import lora, tiny
+from ..models import gguf, lora, tiny
 from ..rewards.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT, read_token, start_server
 from ..rewards.types import RewardError
 
@@ -32,6 +32,22 @@ def tiny_model(args: argparse.Namespace, rest: list[str] | None = None) -> int:
                                 intermediate_size=args.intermediate_size,
                                 max_position_embeddings=args.max_position, seed=args.seed, dtype=args.dtype)
     print(f"wrote {args.arch} model to {out} ({tiny.count_parameters(out):,} parameters)")
+    return 0
+
+
+def add_import_gguf_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hpc-rlhf import-gguf FILE OUT [--dtype fp32|bf16] [--overwrite]``."""
+    parser.add_argument("file", help="the GGUF file (llama.cpp's single-file checkpoint, any quantization)")
+    parser.add_argument("out", help="folder to write the transformers model, tokenizer and chat template to")
+    parser.add_argument("--dtype", choices=gguf.DTYPES, default="fp32",
+                        help="dtype the weights are dequantized to (default fp32: bf16 is slow on most CPUs)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT when it exists")
+
+
+def import_gguf(args: argparse.Namespace, rest: list[str] | None = None) -> int:
+    """Convert ``args.file`` into the folder ``args.out``; print where it went."""
+    out = gguf.import_gguf(args.file, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    print(f"imported {args.file} into {out}")
     return 0
 
 
@@ -106,6 +122,8 @@ def serve_reward(args: argparse.Namespace, rest: list[str] | None = None,
 def add_parsers(sub) -> None:
     for name, add_args, func, what in (
             ("tiny-model", add_tiny_model_args, tiny_model, "build a random-weight tiny model and a local tokenizer"),
+            ("import-gguf", add_import_gguf_args, import_gguf,
+             "convert a GGUF checkpoint into a transformers folder (weights dequantized)"),
             ("lora-merge", add_lora_merge_args, lora_merge, "merge a LoRA adapter into its base model"),
             ("serve-reward", add_serve_reward_args, serve_reward,
              "serve a reward-function file over HTTP (127.0.0.1 by default)")):

@@ -8,6 +8,7 @@ The weights are whatever the file holds: a Q4 file gives dequantized 4-bit weigh
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -17,6 +18,8 @@ from pathlib import Path
 import torch
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = tuple(_DTYPES)
+IMPORT_RECORD = "hpc_rlhf_import.json"  # in every imported folder: the source it was converted from
 
 
 class GGUFImportError(RuntimeError):
@@ -29,6 +32,26 @@ def _need_gguf() -> None:
     except ImportError as e:
         raise GGUFImportError("reading GGUF files needs the `gguf` package: pip install gguf "
                               "(with the project's constraints file)") from e
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file, read in 1 MiB blocks (a GGUF file is the source a converted folder records)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def import_record(folder: str | os.PathLike) -> dict | None:
+    """What ``import_gguf`` recorded in ``folder`` (source file, its sha256 and size, dtype), or None when the
+    folder is no complete import."""
+    folder = Path(folder)
+    try:
+        record = json.loads((folder / IMPORT_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if (folder / "config.json").is_file() and isinstance(record, dict) else None
 
 
 def load_gguf(file: str | os.PathLike, dtype: str = "fp32"):
@@ -62,7 +85,12 @@ def import_gguf(file: str | os.PathLike, out: str | os.PathLike, dtype: str = "f
     out = Path(os.path.expanduser(str(out)))
     if out.exists() and not overwrite:
         raise GGUFImportError(f"output folder {out} already exists (pass --overwrite to replace it)")
+    if out.exists() and not out.is_dir():
+        raise GGUFImportError(f"output {out} exists and is not a folder")
+    if dtype not in _DTYPES:
+        raise GGUFImportError(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}")
     model, tok = load_gguf(file, dtype)
+    source = Path(os.path.expanduser(str(file))).resolve()
     config = model.config
     for key in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(config, key):
@@ -76,13 +104,17 @@ def import_gguf(file: str | os.PathLike, out: str | os.PathLike, dtype: str = "f
     if tied:
         plain.tie_weights()
     plain.generation_config = model.generation_config
+    max_len = getattr(config, "max_position_embeddings", None)
+    if max_len and (tok.model_max_length or 0) > max_len:  # the GGUF tokenizer says "no limit" (~1e30)
+        tok.model_max_length = max_len
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         plain.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        (tmp / "hpc_rlhf_import.json").write_text(json.dumps(
-            {"source": str(Path(file).resolve()), "dtype": dtype, "format": "gguf"}, indent=1) + "\n")
+        (tmp / IMPORT_RECORD).write_text(json.dumps(
+            {"source": str(source), "source_sha256": file_sha256(source), "source_bytes": source.stat().st_size,
+             "dtype": dtype, "format": "gguf"}, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)
         tmp.chmod(0o755)  # mkdtemp makes it private
