@@ -9,13 +9,16 @@ The weights are whatever the file holds: a Q4 file gives dequantized 4-bit weigh
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DTYPES = tuple(_DTYPES)
@@ -27,11 +30,9 @@ class GGUFImportError(RuntimeError):
 
 
 def _need_gguf() -> None:
-    try:
-        import gguf  # noqa: F401  - transformers imports it when reading the file
-    except ImportError as e:
+    if importlib.util.find_spec("gguf") is None:  # transformers imports it when reading the file
         raise GGUFImportError("reading GGUF files needs the `gguf` package: pip install gguf "
-                              "(with the project's constraints file)") from e
+                              "(with the project's constraints file)")
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -56,8 +57,8 @@ def import_record(folder: str | os.PathLike) -> dict | None:
 
 def load_gguf(file: str | os.PathLike, dtype: str = "fp32"):
     """(model, tokenizer) read from a GGUF file, weights dequantized to ``dtype``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
+    if dtype not in _DTYPES:
+        raise GGUFImportError(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}")
     path = Path(os.path.expanduser(str(file)))
     if not path.is_file():
         raise GGUFImportError(f"GGUF file {path} does not exist" if not path.exists()
@@ -69,8 +70,9 @@ def load_gguf(file: str | os.PathLike, dtype: str = "fp32"):
         # dequantize=True: without it an installed `kernels` package keeps packed, untrainable layers
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=_DTYPES[dtype],
                                                      quantization_config=GgufConfig(dequantize=True))
-    except (ValueError, OSError, KeyError) as e:
-        raise GGUFImportError(f"cannot read {path} as a GGUF model: {type(e).__name__}: {e}") from e
+    except (ValueError, OSError, KeyError, IndexError, EOFError, struct.error) as e:  # a bad or truncated file
+        what = "truncated or corrupt file" if isinstance(e, (IndexError, EOFError, struct.error)) else type(e).__name__
+        raise GGUFImportError(f"cannot read {path} as a GGUF model: {what}: {e}") from e
     return model, tok
 
 
@@ -80,15 +82,11 @@ def import_gguf(file: str | os.PathLike, out: str | os.PathLike, dtype: str = "f
     chat template, generation config) and return it.  The folder is written under a temporary name and
     renamed at the end, so an interrupted import leaves no half folder behind.  An existing ``out`` is an
     error unless ``overwrite``."""
-    from transformers import AutoModelForCausalLM
-
     out = Path(os.path.expanduser(str(out)))
     if out.exists() and not overwrite:
         raise GGUFImportError(f"output folder {out} already exists (pass --overwrite to replace it)")
     if out.exists() and not out.is_dir():
         raise GGUFImportError(f"output {out} exists and is not a folder")
-    if dtype not in _DTYPES:
-        raise GGUFImportError(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}")
     model, tok = load_gguf(file, dtype)
     source = Path(os.path.expanduser(str(file))).resolve()
     config = model.config
