@@ -8,6 +8,7 @@ The weights are whatever the file holds: a Q4 file gives dequantized 4-bit weigh
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -24,17 +26,13 @@ class GGUFImportError(RuntimeError):
 
 
 def _need_gguf() -> None:
-    try:
-        import gguf  # noqa: F401  - transformers imports it when reading the file
-    except ImportError as e:
+    if importlib.util.find_spec("gguf") is None:  # transformers imports it when reading the file
         raise GGUFImportError("reading GGUF files needs the `gguf` package: pip install gguf "
-                              "(with the project's constraints file)") from e
+                              "(with the project's constraints file)")
 
 
 def load_gguf(file: str | os.PathLike, dtype: str = "fp32"):
     """(model, tokenizer) read from a GGUF file, weights dequantized to ``dtype``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
     path = Path(os.path.expanduser(str(file)))
     if not path.is_file():
         raise GGUFImportError(f"GGUF file {path} does not exist" if not path.exists()
@@ -57,8 +55,6 @@ def import_gguf(file: str | os.PathLike, out: str | os.PathLike, dtype: str = "f
     chat template, generation config) and return it.  The folder is written under a temporary name and
     renamed at the end, so an interrupted import leaves no half folder behind.  An existing ``out`` is an
     error unless ``overwrite``."""
-    from transformers import AutoModelForCausalLM
-
     out = Path(os.path.expanduser(str(out)))
     if out.exists() and not overwrite:
         raise GGUFImportError(f"output folder {out} already exists (pass --overwrite to replace it)")
