@@ -23,8 +23,9 @@ the same kind:
   prediction is an integer ("9"), a terminating decimal ("0.75", "-0.125") or "p/q" ("1/3").
 * ``ratio``: the label holds ``a:b`` (ratios, clock times, "9:03:36 a.m.").  Compared as the first
   ``a:b[:c...]`` (digits and colons, no spaces: "Step 1: 5" is no ratio) of the answer (the last one in the
-  response without a marker) as a string, with "a.m."/"p.m." written "am"/"pm" when one follows it ("3:30 p.m." = "3:30 PM", but "3:30" is not "3:30 p.m.").  "18:14" is not "9:7", and a bare
-  number ("9", "7") never matches a ratio.
+  response without a marker) as a string, with "a.m."/"p.m." written "am"/"pm" when one follows it
+  ("3:30 p.m." = "3:30 PM", but "3:30" is not "3:30 p.m.").  "18:14" is not "9:7", and a bare number
+  ("9", "7") never matches a ratio.
 * ``multi``: the label holds several answers separated by ``;`` ("60; 72", "8 km/hour; 3 km/hour").  The
   answer span (or the whole response) is split at ``;`` and each part read as its label part's kind; all
   parts must match, in order.
