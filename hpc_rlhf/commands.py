@@ -23,6 +23,8 @@ from .data.sources import check_source
 from .distributed.preemption import EXIT_STOPPED, RunStopped
 from .distributed.rendezvous import restart_count
 from .models.loading import HubOfflineError, resolve_pretrained
+from .rewards.reward_file import check_reward_source
+from .rewards.types import RewardFileError
 
 TRAIN = "train "  # the trainers' commands: `hpc-rlhf train NAME`, also planned and submitted to SLURM
 
@@ -90,7 +92,7 @@ def _check_file(path: str) -> None:
                                 else f"file {path} does not exist")
 
 
-_CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": check_source}
+_CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": check_source, "reward": check_reward_source}
 
 
 def check_inputs(cfg) -> None:
@@ -103,7 +105,7 @@ def check_inputs(cfg) -> None:
         for item in value if isinstance(value, list) else [value]:
             try:
                 check(item)
-            except (FileNotFoundError, HubOfflineError, DataError) as e:
+            except (FileNotFoundError, HubOfflineError, DataError, RewardFileError) as e:
                 raise ConfigError(f"{key}: {e}") from None
 
 

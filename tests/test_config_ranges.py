@@ -73,8 +73,10 @@ def test_every_model_and_file_option_is_checked_before_the_ranks_start():
             leaf = path.rsplit(".", 1)[-1]
             if leaf.endswith("pretrain"):
                 assert f.metadata.get("path") == "model", (name, path)
-            if leaf in ("reward_func", "input_path", "dpo_config"):
+            if leaf in ("input_path", "dpo_config"):
                 assert f.metadata.get("path") == "file", (name, path)
+            if leaf == "reward_func":  # a file or builtin:NAME
+                assert f.metadata.get("path") == "reward", (name, path)
             if leaf in ("dataset", "eval_dataset", "prompt_data", "eval_prompt_data"):
                 assert f.metadata.get("path") == "data", (name, path)
 

@@ -61,8 +61,9 @@ class RolloutConfig(EngineOptions):
 class RewardConfig:
     reward_pretrain: str | None = field(None, path="model",
                                         help="reward model folder (AutoModelForSequenceClassification)")
-    reward_func: str | None = field(None, path="file",
-                                    help="Python file defining reward_func(queries, prompts, labels)")
+    reward_func: str | None = field(None, path="reward",
+                                    help="Python file defining reward_func(queries, prompts, labels), or a "
+                                         "built-in: builtin:math (the math-answer verifier, docs/rl.md)")
     remote_rm_url: list[str] | None = field(None, help="reward server URLs (hpc-rlhf serve-reward); batches are "
                                                        "spread over them")
     remote_rm_token_env: str | None = field(None, help="environment variable holding the reward servers' "

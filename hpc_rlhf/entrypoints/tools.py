@@ -70,7 +70,7 @@ def lora_merge(args: argparse.Namespace, rest: list[str] | None = None) -> int:
 def add_serve_reward_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hpc-rlhf serve-reward``."""
     parser.add_argument("--reward-func", required=True, metavar="FILE",
-                        help="Python file defining reward_func(queries, prompts, labels)")
+                        help="Python file defining reward_func(queries, prompts, labels), or builtin:math")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1; use 0.0.0.0 to serve other nodes, with a token)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = a free one)")

@@ -9,7 +9,8 @@ answer) moves that batch to the next URL after ``backoff_s * 2**(try - 1)`` seco
 ``hpc_rlhf.rewards`` logger with every URL tried and its error, and counted.
 
 Samples the server itself could not score (``valid`` false in its answer) are invalid too, with the
-server's error messages.  More than ``max_failure_fraction`` invalid samples raise :class:`RewardError`.
+server's error messages.  The servers' ``predictions`` (when they send them) are kept at their samples (None
+where a sample is invalid).  More than ``max_failure_fraction`` invalid samples raise :class:`RewardError`.
 
 ``extra`` holds ``reward/remote/requests/<i>`` (HTTP requests sent to ``urls[i]`` by this call, failed ones
 included), ``reward/remote/failures`` (invalid samples), ``reward/remote/failed_batches``,
@@ -117,7 +118,13 @@ class RemoteReward:
         extra = ans.get("extra") if isinstance(ans.get("extra"), dict) else {}
         extra = {k: float(v) for k, v in extra.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         errors = [str(e) for e in ans.get("errors") or []]
-        return rewards, valid, extra, errors
+        predictions = ans.get("predictions")
+        if predictions is not None:
+            if not isinstance(predictions, list) or len(predictions) != n or \
+                    any(p is not None and not isinstance(p, str) for p in predictions):
+                raise _TryError(f"answer's predictions are not a list of {n} strings or nulls")
+            predictions = [p if ok else None for p, ok in zip(predictions, valid)]
+        return rewards, valid, extra, errors, predictions
 
     # -- one batch -------------------------------------------------------------------------------------
 
@@ -132,8 +139,10 @@ class RemoteReward:
                 counts[i] += 1
                 self.total_requests[i] += 1
             try:
-                rewards, valid, extra, errors = self._check_answer(self._post(self.urls[i], payload), hi - lo)
-                return {"rewards": rewards, "valid": valid, "extra": extra, "errors": errors, "tries": attempt + 1}
+                rewards, valid, extra, errors, predictions = self._check_answer(self._post(self.urls[i], payload),
+                                                                                hi - lo)
+                return {"rewards": rewards, "valid": valid, "extra": extra, "errors": errors,
+                        "predictions": predictions, "tries": attempt + 1}
             except _TryError as e:
                 tried.append(f"{self.urls[i]}: {e}")
                 if not e.retry:
@@ -168,6 +177,8 @@ class RemoteReward:
 
         rewards = torch.full((n,), float("nan"))
         valid = torch.zeros(n, dtype=torch.bool)
+        predictions: list[str | None] = [None] * n
+        has_predictions = False
         errors: list[str] = []
         parts = []
         failed_batches = retries = 0
@@ -179,6 +190,9 @@ class RemoteReward:
                 continue
             rewards[lo:hi] = torch.tensor(res["rewards"])
             valid[lo:hi] = torch.tensor(res["valid"], dtype=torch.bool)
+            if res["predictions"] is not None:
+                predictions[lo:hi] = res["predictions"]
+                has_predictions = True
             if res["errors"]:
                 errors.extend(res["errors"])
                 log.error("reward server marked %d of samples [%d, %d) failed: %s", hi - lo - sum(res["valid"]),
@@ -193,6 +207,7 @@ class RemoteReward:
             first_err = errors[0] if errors else "the servers marked the samples invalid"
             raise RewardError(f"{n_failed} of {n} remote reward samples failed (more than max_failure_fraction="
                               f"{self.max_failure_fraction:g}); first error: {first_err}")
-        return RewardBatch(rewards=rewards, valid=valid, extra=extra, errors=errors)
+        return RewardBatch(rewards=rewards, valid=valid, extra=extra, errors=errors,
+                           predictions=predictions if has_predictions else None)
 
     __call__ = score

@@ -26,7 +26,9 @@ code) belongs in a subprocess that ``reward_func`` starts and times out itself.
 ``extra`` of the result holds ``reward/func/failures`` (failed samples), ``reward/func/failed_batches``
 (batches whose first call failed), ``reward/func/retries`` (calls made to find the failing samples),
 ``reward/func/timeouts``, ``reward/func/time_s`` and, for each extra log ``name`` the function returned,
-``reward/<name>``: its mean over the valid samples.
+``reward/<name>``: its mean over the valid samples.  When the function returns ``predictions`` the result
+carries them, each at its sample whatever batch or retry scored it (None where the sample failed or a call
+returned none).
 """
 from __future__ import annotations
 
@@ -125,8 +127,12 @@ class RewardFunction:
                       "reward/func/failed_batches": float(run.failed_batches),
                       "reward/func/retries": float(run.retries), "reward/func/timeouts": float(run.timeouts),
                       "reward/func/time_s": time.monotonic() - run.t0})
+        predictions = None
+        if run.has_predictions:
+            predictions = [p if ok else None for p, ok in zip(run.predictions, run.valid.tolist())]
         return RewardBatch(rewards=run.rewards.float(), valid=run.valid, extra=extra,
-                           scores=torch.where(run.valid, run.scores, torch.nan).float(), errors=run.errors)
+                           scores=torch.where(run.valid, run.scores, torch.nan).float(), errors=run.errors,
+                           predictions=predictions)
 
     __call__ = score
 
@@ -140,6 +146,8 @@ class _Run:
         self.rewards = torch.full((n,), float("nan"), dtype=torch.float64)
         self.scores = torch.full((n,), float("nan"), dtype=torch.float64)
         self.valid = torch.zeros(n, dtype=torch.bool)
+        self.predictions: list[str | None] = [None] * n
+        self.has_predictions = False  # some call returned predictions
         self.errors: list[str] = []  # one per failure behind invalid samples
         self.first_error: str | None = None  # the first failure of any call, for the RewardError
         self.failed = self.failed_batches = self.retries = self.timeouts = 0
@@ -210,8 +218,12 @@ class _Run:
                               f"max_failure_fraction={rf.max_failure_fraction:g} allows; first failure: "
                               f"{self.first_error}")
 
-    def accept(self, lo: int, hi: int, where: str, r: torch.Tensor, s: torch.Tensor | None, logs: dict) -> None:
+    def accept(self, lo: int, hi: int, where: str, r: torch.Tensor, s: torch.Tensor | None, logs: dict,
+               predictions: list[str | None] | None) -> None:
         ok = torch.isfinite(r)
+        if predictions is not None:
+            self.predictions[lo:hi] = predictions
+            self.has_predictions = True
         self.rewards[lo:hi] = torch.where(ok, r, torch.nan)
         self.scores[lo:hi] = s if s is not None else r
         self.valid[lo:hi] = ok

@@ -6,10 +6,14 @@ The file defines::
         ...  # return a list of floats, a tensor [B], or a dict:
         return {"rewards": [...],                   # required, one number per sample
                 "scores": [...],                    # optional, one number per sample
-                "extra_logs": {"acc": [...], ...}}  # optional, per-sample lists/tensors or scalars
+                "extra_logs": {"acc": [...], ...},  # optional, per-sample lists/tensors or scalars
+                "predictions": ["9", None, ...]}    # optional, one str or None per sample (maj@k votes on them)
 
 ``queries`` are the full texts (prompt + response), ``prompts`` the prompts, ``labels`` the references
 from the data set.
+
+Built-in reward functions need no file: ``builtin:NAME`` in place of the path (:data:`BUILTINS`), e.g.
+``builtin:math``, the math-answer verifier of :mod:`.math_verify`.
 """
 from __future__ import annotations
 
@@ -24,13 +28,39 @@ from typing import Callable
 
 import torch
 
+from . import math_verify
 from .types import RewardFileError
 
 FUNC_NAME = "reward_func"
+BUILTIN_PREFIX = "builtin:"
+# name -> the reward_func of a module shipped with the toolkit
+BUILTINS: dict[str, Callable] = {"math": math_verify.reward_func}
+
+
+def builtin_reward(spec: str) -> Callable:
+    """The built-in reward function ``spec`` names (``builtin:NAME``); RewardFileError for an unknown NAME."""
+    name = spec[len(BUILTIN_PREFIX):]
+    if name not in BUILTINS:
+        raise RewardFileError(f"unknown built-in reward {spec!r}; built-ins: "
+                              + ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTINS)))
+    return BUILTINS[name]
+
+
+def check_reward_source(spec: str) -> None:
+    """Before a run: ``spec`` names a known built-in or an existing file (RewardFileError otherwise)."""
+    if str(spec).startswith(BUILTIN_PREFIX):
+        builtin_reward(str(spec))
+        return
+    p = Path(os.path.expanduser(str(spec)))
+    if not p.is_file():
+        raise RewardFileError(f"{p} is not a file" if p.exists() else f"file {p} does not exist")
 
 
 def load_reward_function(path) -> Callable:
-    """Import the file at ``path`` and return its ``reward_func``; :class:`RewardFileError` on any problem."""
+    """Import the file at ``path`` and return its ``reward_func`` (``builtin:NAME``: that built-in function);
+    :class:`RewardFileError` on any problem."""
+    if str(path).startswith(BUILTIN_PREFIX):
+        return builtin_reward(str(path))
     p = Path(os.path.expanduser(str(path)))
     if not p.is_file():
         raise RewardFileError(f"reward function file {p} does not exist" if not p.exists()
@@ -119,17 +149,33 @@ def _is_scalar(v) -> bool:
     return isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.numel() == 1 and v.ndim == 0)
 
 
+def _predictions(value, n: int) -> list[str | None]:
+    """``value`` as a list of ``n`` str-or-None; otherwise ValueError completing "returned a dict whose ..."."""
+    kind = type(value).__name__
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"a dict whose 'predictions' is a {kind}; expected a list of {n} strings or None")
+    if len(value) != n:
+        raise ValueError(f"a dict whose 'predictions' is a {kind} of length {len(value)} for {n} "
+                         f"sample{'s' if n != 1 else ''}; expected one string or None per sample")
+    for i, v in enumerate(value):
+        if v is not None and not isinstance(v, str):
+            raise ValueError(f"a dict whose 'predictions' value {i} is {_short(v)} ({type(v).__name__}); "
+                             f"expected a string or None")
+    return list(value)
+
+
 def parse_output(out, n: int):
     """Check a ``reward_func`` return for ``n`` samples.
 
-    Returns ``(rewards float64 [n], scores float64 [n] or None, logs {name: float64 [n] or float})``;
+    Returns ``(rewards float64 [n], scores float64 [n] or None, logs {name: float64 [n] or float},
+    predictions list of n str-or-None, or None when the function returned none)``;
     otherwise ValueError whose message describes what was returned (it completes "reward_func returned ...").
     Non-finite rewards are not an error here (the caller invalidates just those samples).
     """
     if out is None:
         raise ValueError("None; expected a dict with 'rewards', a tensor or a list of numbers")
     if not isinstance(out, dict):
-        return _as_vector(out, n), None, {}
+        return _as_vector(out, n), None, {}, None
 
     def entry(key: str, value) -> torch.Tensor:
         try:
@@ -146,4 +192,5 @@ def parse_output(out, n: int):
         raise ValueError(f"a dict whose 'extra_logs' is a {type(extra).__name__}; expected a dict of "
                          f"name -> values")
     logs = {str(k): float(v) if _is_scalar(v) else entry(f"extra_logs[{k!r}]", v) for k, v in extra.items()}
-    return rewards, scores, logs
+    predictions = _predictions(out["predictions"], n) if out.get("predictions") is not None else None
+    return rewards, scores, logs, predictions

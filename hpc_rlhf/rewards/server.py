@@ -3,7 +3,9 @@
 Endpoints (JSON in and out):
 
 * ``POST /score`` with ``{"queries": [...], "prompts": [...], "labels": [...]}`` (lists of strings of one
-  length; a label may be null) answers ``{"rewards": [...], "valid": [...], "extra": {...}, "errors": [...]}``.
+  length; a label may be null) answers ``{"rewards": [...], "valid": [...], "extra": {...}, "errors": [...],
+  "predictions": [...] or null}`` (``predictions``: the reward function's extracted answers, a string or null
+  per sample; null when it returns none).
   A sample whose reward failed has ``valid`` false and reward null; ``errors`` says why.  The server never
   rejects a request because samples failed: the client decides (see :class:`~.client.RemoteReward`).
 * ``GET /health`` answers ``{"ok": true}``.  It needs no token (it reveals nothing but that the server runs),
@@ -164,6 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
             "valid": batch.valid.tolist(),
             "extra": {k: _finite_or_none(v) for k, v in batch.extra.items()},
             "errors": batch.errors,
+            "predictions": batch.predictions,
         })
 
 

@@ -18,6 +18,7 @@ def combine(sources: list[RewardBatch], weights: list[float]) -> RewardBatch:
     """``sum_i weights[i] * sources[i].rewards``; a sample is valid only where every source is valid.
 
     ``extra`` merges the sources' extras (counts summed, means averaged); ``errors`` are concatenated.
+    ``predictions``: per sample, the first source's (in order) that is not None; None when no source has any.
     """
     if not sources:
         raise ValueError("combine needs at least one reward source")
@@ -34,7 +35,12 @@ def combine(sources: list[RewardBatch], weights: list[float]) -> RewardBatch:
         total = total + float(w) * torch.where(s.valid, s.rewards, torch.zeros_like(s.rewards))
     total = torch.where(valid, total, torch.nan)
     extra = merge_extras([(s.extra, float(s.valid.sum())) for s in sources])
-    return RewardBatch(rewards=total, valid=valid, extra=extra, errors=[e for s in sources for e in s.errors])
+    predictions = None
+    with_predictions = [s.predictions for s in sources if s.predictions is not None]
+    if with_predictions:
+        predictions = [next((p[i] for p in with_predictions if p[i] is not None), None) for i in range(n)]
+    return RewardBatch(rewards=total, valid=valid, extra=extra, errors=[e for s in sources for e in s.errors],
+                       predictions=predictions)
 
 
 class RunningMoments:

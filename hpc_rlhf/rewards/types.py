@@ -33,6 +33,9 @@ class RewardBatch:
     scores:  optional float32 [B] secondary score a reward function returned (e.g. for dynamic filtering);
              None when the source has none.
     errors:  messages of the failures behind the invalid samples (also logged where they happened).
+    predictions: optional list of B answers the source extracted (str, or None where it found none or the
+             sample failed), e.g. the math verifier's normalised final answer, for maj@k; None when the
+             source gives none (reward models).
     """
 
     rewards: torch.Tensor
@@ -40,6 +43,7 @@ class RewardBatch:
     extra: dict[str, float] = field(default_factory=dict)
     scores: torch.Tensor | None = None
     errors: list[str] = field(default_factory=list)
+    predictions: list[str | None] | None = None
 
     def __post_init__(self):
         self.rewards = torch.as_tensor(self.rewards, dtype=torch.float32).reshape(-1)
@@ -50,6 +54,15 @@ class RewardBatch:
             self.scores = torch.as_tensor(self.scores, dtype=torch.float32).reshape(-1)
             if self.scores.shape != self.rewards.shape:
                 raise ValueError(f"scores has {self.scores.numel()} entries, rewards {self.rewards.numel()}")
+        if self.predictions is not None:
+            self.predictions = list(self.predictions)
+            if len(self.predictions) != self.rewards.numel():
+                raise ValueError(f"predictions has {len(self.predictions)} entries, rewards "
+                                 f"{self.rewards.numel()}")
+            bad = [i for i, p in enumerate(self.predictions) if p is not None and not isinstance(p, str)]
+            if bad:
+                raise ValueError(f"predictions[{bad[0]}] is a {type(self.predictions[bad[0]]).__name__}; "
+                                 f"expected a string or None")
 
     def __len__(self) -> int:
         return self.rewards.numel()

@@ -20,6 +20,7 @@ class Experience:
     policy_step: int = 0              # RL steps of training behind the weights that generated it
     reward: float = float("nan")
     reward_valid: bool = True
+    prediction: str | None = None     # the answer the reward function extracted (maj@k), None if none
     values: list[float] | None = None
     ref_logprobs: list[float] | None = None
     old_logprobs: list[float] | None = None

@@ -52,10 +52,13 @@ class RewardRole:
             raise ValueError(f"reward.reward_weights has {len(self.weights)} values for {len(self.sources)} "
                              f"reward sources ({', '.join(n for n, _ in self.sources)})")
 
-    def score(self, samples: list[Experience]) -> tuple[list[float], list[bool], dict[str, float]]:
-        """Raw combined rewards of ``samples`` with the length-based shaping applied."""
+    def score(self, samples: list[Experience]) -> tuple[list[float], list[bool], dict[str, float],
+                                                      list[str | None]]:
+        """Raw combined rewards of ``samples`` with the length-based shaping applied, their validity, the
+        extras, and the answers a reward function extracted (``predictions``; None entries where it gave none,
+        and always for reward models)."""
         if not samples:
-            return [], [], {}
+            return [], [], {}, []
         batch = combine([score(samples) for _, score in self.sources], self.weights)
         rewards = batch.rewards.clone()
         r = self.cfg.reward
@@ -68,4 +71,5 @@ class RewardRole:
             rewards = torch.where(cut, torch.full_like(rewards, r.truncated_reward), rewards)
         if r.reward_clip_range is not None:
             rewards = clip_rewards(rewards, *r.reward_clip_range)
-        return rewards.tolist(), batch.valid.tolist(), dict(batch.extra)
+        predictions = batch.predictions if batch.predictions is not None else [None] * len(samples)
+        return rewards.tolist(), batch.valid.tolist(), dict(batch.extra), list(predictions)
