@@ -101,8 +101,8 @@ def test_generation_stops_at_end_of_turn(real_model, tokenizer):
     stops = stop_token_ids(real_model, tokenizer)
     assert stops == [IM_END]
     engine = HFEngine(real_model, dtype="fp32")
-    prompts = [_chat_ids(tokenizer, [{"role": "user", "content": q}], True)
-               for q in ("What is the capital of France? Answer in one word.", "What is 2+3? Answer with just the number.")]
+    questions = ("What is the capital of France? Answer in one word.", "What is 2+3? Answer with just the number.")
+    prompts = [_chat_ids(tokenizer, [{"role": "user", "content": q}], True) for q in questions]
     out = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=32, stop_token_ids=stops), [0, 1])
     for o in out:
         assert o.finish_reason == "stop" and o.token_ids[-1] == IM_END
