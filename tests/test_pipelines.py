@@ -100,6 +100,20 @@ def test_score_matches_the_scorer(assets):
     assert want[0] == pytest.approx((float(raw[0]) - 0.25) / 2.0, abs=1e-5)
 
 
+
+def test_score_encoding_does_not_double_a_rendered_bos(bos_tokenizer):
+    """A chat-rendered prompt that starts with the bos text keeps one bos; a plain prompt gets the tokenizer's."""
+    from hpc_rlhf.pipelines.score import encode_for_reward
+    tok = bos_tokenizer
+    bos, eos = tok.convert_tokens_to_ids("<|bos|>"), tok.eos_token_id
+    plain = encode_for_reward(tok, "Hi", "Yo")
+    body = tok("HiYo", add_special_tokens=False)["input_ids"]
+    assert len(body) == 4 and plain == [bos, *body, eos]
+    rendered = encode_for_reward(tok, "<|bos|>Hi", "Yo")
+    assert rendered == plain  # before the fix: [bos, bos, ...]
+    assert encode_for_reward(tok, "Hi", "Yo", append_eos=False) == plain[:-1]
+
+
 SCORED = [
     {"prompt": "a", "response": "a0", "prompt_index": 0, "sample_index": 0, "reward": 0.5},
     {"prompt": "a", "response": "a1", "prompt_index": 0, "sample_index": 1, "reward": 2.0},

@@ -19,7 +19,15 @@ log = logging.getLogger("hpc_rlhf.score")
 
 
 def encode_for_reward(tokenizer, prompt: str, response: str, append_eos: bool = True) -> list[int]:
-    ids = list(tokenizer(prompt)["input_ids"]) + list(tokenizer(response, add_special_tokens=False)["input_ids"])
+    """The prompt with the tokenizer's special tokens, unless it already starts with the ones the tokenizer
+    would put in front (a chat-rendered prompt from `hpc-rlhf generate` whose template writes the bos): no
+    doubled bos.  Then the response without special tokens, then EOS."""
+    own = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    ids = list(tokenizer(prompt)["input_ids"])
+    front = len(ids) - len(own)
+    if front > 0 and ids[front:] == own and own[:front] == ids[:front]:
+        ids = own
+    ids += list(tokenizer(response, add_special_tokens=False)["input_ids"])
     if append_eos and tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return ids
