@@ -11,7 +11,7 @@ from .sections import EngineOptions, LaunchConfig
 @dataclass
 class GenModelConfig(EngineOptions):
     pretrain: str = field(path="model", help="HF causal-LM folder (or hub name) that generates the responses")
-    param_dtype: Literal["fp32", "bf16", "fp16"] = field("bf16", help="dtype the model runs in")
+    param_dtype: Literal["fp32", "bf16", "fp16"] = field("fp32", help="dtype the model runs in (bf16 on GPUs)")
     max_batch_size: int = field(64, ge=1, help="sequences per generation batch on one rank")
 
 
