@@ -107,6 +107,14 @@ def test_chat_output_key_string_or_list(chatml_tokenizer):
     assert decode([t for t, m in zip(b.input_ids, b.loss_mask) if m]) == "Hello!<|im_end|>Ciao<|im_end|>"
 
 
+def test_chat_string_prompt_is_the_user_turn(chatml_tokenizer):
+    """A plain-string input_key is one user message (as for RL prompts); only the answer is trained."""
+    [s] = build([{"prompt": "2+2?", "answer": "4"}], chatml_tokenizer, input_key="prompt", output_key="answer",
+                apply_chat_template=True)
+    assert chatml_tokenizer.decode(s.input_ids) == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+    assert chatml_tokenizer.decode([t for t, m in zip(s.input_ids, s.loss_mask) if m]) == "4<|im_end|>"
+
+
 def test_chat_template_override_and_prefix_check(chatml_tokenizer):
     simple = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
               "{% if add_generation_prompt %}[assistant]{% endif %}")
@@ -176,7 +184,7 @@ def test_exactly_max_len_is_kept(chatml_tokenizer):
 
 
 def test_bad_rows_chat(chatml_tokenizer):
-    rows = [{"m": "just text"},                                          # 1 wrong type
+    rows = [{"m": "just text"},                                          # 1 a user turn only: no assistant
             {"m": [{"role": "user"}]},                                    # 2 message without content
             {"m": []},                                                    # 3 empty
             {"m": [{"role": "user", "content": "Hi"}]},                   # 4 no assistant turn
@@ -184,7 +192,8 @@ def test_bad_rows_chat(chatml_tokenizer):
     bad = BadRows("skip")
     samples = build(rows, chatml_tokenizer, bad=bad, input_key="m", output_key=None, apply_chat_template=True)
     assert [s.source for s in samples] == ["train.jsonl row 5"]
-    assert bad.counts() == {"wrong_type": 2, "empty": 2}
+    assert bad.counts() == {"wrong_type": 1, "empty": 3}
+    assert "row 1: no assistant message to train on" in bad.summary()
     assert "row 2: 'm' message 1 is not a {role: str, content: str} dict" in bad.summary()
     assert "row 4: no assistant message to train on" in bad.summary()
     raising = "{{ raise_exception('roles must alternate') }}"

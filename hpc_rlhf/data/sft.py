@@ -121,7 +121,9 @@ def _render_rows(rows: Iterable[dict], name: str, tokenizer, cfg: DataConfig, ba
                 messages = row.get(cfg.input_key)
                 if messages is None:
                     raise _Bad("missing_key", f"missing key {cfg.input_key!r}")
-                messages = _check_messages(messages, cfg.input_key)
+                # a plain string is the user's turn (as the RL prompts take it)
+                messages = ([{"role": "user", "content": _get_str(row, cfg.input_key)}] if isinstance(messages, str)
+                            else _check_messages(messages, cfg.input_key))
                 extra = row.get(cfg.output_key) if cfg.output_key else None
                 if isinstance(extra, str):
                     messages.append({"role": "assistant", "content": extra})

@@ -29,7 +29,7 @@ def _looks_local(name: str) -> bool:
 def resolve_pretrained(name: str) -> str:
     """Return ``name`` when it is a local folder; fail clearly for a missing path or an offline hub name."""
     if os.path.isdir(os.path.expanduser(name)):
-        return name
+        return os.path.expanduser(name)  # transformers takes "~/..." for a hub id
     if _looks_local(name):
         raise FileNotFoundError(f"model folder {name} does not exist (or is not a folder)")
     if _env_true("HF_HUB_OFFLINE"):
