@@ -58,6 +58,10 @@ COMMANDS: dict[str, Command] = {
     "score": Command("hpc_rlhf.config.pipelines:ScoreConfig", "hpc_rlhf.pipelines.score:run_score",
                      prints_summary=True,
                      help="add reward-model scores to the rows of a jsonl file (sharded over ranks)"),
+    "eval": Command("hpc_rlhf.config.evaluation:EvalRunConfig", "hpc_rlhf.trainers.rl:run_eval",
+                    plan="hpc_rlhf.trainers.rl:eval_plan", prints_summary=True,
+                    help="n samples per prompt scored by a reward or verifier: pass@k, avg@n, maj@k "
+                         "(docs/eval.md)"),
     "iterative-dpo": Command("hpc_rlhf.config.pipelines:IterativeDPOConfig",
                              "hpc_rlhf.pipelines.iterative_dpo:run_iterative_dpo", driver=True,
                              help="rounds of generate -> score -> best/worst pairs -> train dpo"),

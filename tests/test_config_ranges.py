@@ -28,6 +28,7 @@ REQUIRED = {
     "iterative-dpo": ["model.pretrain=./m", "data.prompt_data=./p.jsonl", "reward.reward_pretrain=./r",
                       "sampling.n_samples_per_prompt=2"],
     "train kd": ["model.pretrain=./m", "data.dataset=./d.jsonl", "objective.teacher_pretrain=./t"],
+    "eval": ["model.pretrain=./m", "data.eval_prompt_data=./e.jsonl", "reward.reward_func=./r.py", "output_path=./o"],
 }
 
 

@@ -43,11 +43,11 @@ def test_cadences_export_and_checkpoints(tmp_path):
                      _boundary(FakeStop(), saved, votes), is_main=True, desc="t", evaluate=evaluate,
                      export=lambda: {"reward_mean": 0.5})
     # eval after steps 3 and 5 (the last), rows every 2 steps and at the last, then the export's own row
-    assert evals == [2, 4]
+    assert evals == [3, 5]  # evaluate(steps done)
     assert read_metrics(tmp_path / "metrics.jsonl") == [
-        {"step": 2, "loss": 1.0}, {"step": 4, "loss": 3.0}, {"step": 5, "loss": 4.0, "eval_loss": 14.0},
+        {"step": 2, "loss": 1.0}, {"step": 4, "loss": 3.0}, {"step": 5, "loss": 4.0, "eval_loss": 15.0},
         {"step": 5, "reward_mean": 0.5}]
-    assert last == {"loss": 4.0, "eval_loss": 14.0, "reward_mean": 0.5}
+    assert last == {"loss": 4.0, "eval_loss": 15.0, "reward_mean": 0.5}
     assert votes == [NONE] * 5 and saved == [2, 4]  # every save_steps, never after the last step
 
 
@@ -91,3 +91,40 @@ def test_a_stop_agreed_after_the_last_step_ends_normally(tmp_path):
                      is_main=True, desc="t", export=lambda: {"exported": 1.0})
     assert last == {"loss": 2.0, "exported": 1.0}
     assert votes == [NONE, NONE, STOP] and saved == [2]
+
+
+def test_eval_at_start_and_eval_only(tmp_path):
+    cfg = _cfg(tmp_path / "start", logging_steps=1, eval_steps=-1)
+    evals = []
+    last = run_steps(cfg, lambda i: {"loss": float(i)}, 0, 2, _boundary(FakeStop(), [], []), is_main=True, desc="t",
+                     evaluate=lambda done: evals.append(done) or {"ev": float(done)}, eval_at_start=True)
+    assert evals == [0, 2] and last == {"loss": 1.0, "ev": 2.0}
+    assert read_metrics(tmp_path / "start" / "metrics.jsonl") == [
+        {"step": 0, "ev": 0.0}, {"step": 1, "loss": 0.0}, {"step": 2, "loss": 1.0, "ev": 2.0}]
+    steps, saved, exported = [], [], []
+    last = run_steps(_cfg(tmp_path / "only", logging_steps=1, eval_steps=1), steps.append, 3, 5,
+                     _boundary(FakeStop(), saved, []), is_main=True, desc="t", evaluate=lambda done: {"ev": 7.0},
+                     export=lambda: exported.append(1) or {}, eval_only=True)
+    assert last == {"ev": 7.0} and steps == [] and saved == [] and exported == []  # no step, no export
+    assert read_metrics(tmp_path / "only" / "metrics.jsonl") == [{"step": 3, "ev": 7.0}]
+
+
+def test_on_eval_stops_with_a_checkpoint_and_the_export(tmp_path):
+    """on_eval sees every eval; True ends the run at that step: a checkpoint (even off the save cadence), no
+    stop vote, the export's row at that step."""
+    seen, saved, votes = [], [], []
+    last = run_steps(_cfg(tmp_path, logging_steps=2, eval_steps=1), lambda i: {"loss": float(i)}, 0, 6,
+                     _boundary(FakeStop(), saved, votes, save_steps=4), is_main=True, desc="t",
+                     evaluate=lambda done: {"ev": float(done)}, export=lambda: {"exported": 1.0},
+                     on_eval=lambda done, m: seen.append((done, m)) or m["ev"] >= 3)
+    assert seen == [(1, {"ev": 1.0}), (2, {"ev": 2.0}), (3, {"ev": 3.0})]
+    assert saved == [3] and votes == [NONE, NONE]  # steps 1 and 2 ended at the boundary; step 3 stopped
+    assert last == {"loss": 2.0, "ev": 3.0, "exported": 1.0}
+    assert read_metrics(tmp_path / "metrics.jsonl") == [
+        {"step": 2, "loss": 1.0, "ev": 2.0}, {"step": 3, "loss": 2.0, "ev": 3.0}, {"step": 3, "exported": 1.0}]
+    # a threshold reached at the start: no step at all, the export still runs
+    steps = []
+    last = run_steps(_cfg(tmp_path / "at_start", logging_steps=1, eval_steps=1), steps.append, 0, 3,
+                     _boundary(FakeStop(), [], []), is_main=True, desc="t", evaluate=lambda done: {"ev": 5.0},
+                     export=lambda: {"exported": 1.0}, eval_at_start=True, on_eval=lambda done, m: True)
+    assert steps == [] and last == {"ev": 5.0, "exported": 1.0}

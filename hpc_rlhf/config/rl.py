@@ -16,9 +16,10 @@ class PromptDataConfig:
     prompt_data: list[str] = field(path="data", help="prompt data sources (same formats as SFT datasets)")
     prompt_data_probs: list[float] | None = field(None, ge=0, help="mixing probabilities, one per source")
     prompt_split: str = field("train", help="split read from sources that have several")
-    eval_prompt_data: list[str] | None = field(None, path="data", help="held-out prompts: greedy responses scored by "
-                                                                       "the reward sources, eval/reward_mean logged "
-                                                                       "every eval_steps and at the end")
+    eval_prompt_data: list[str] | None = field(None, path="data", help="held-out prompts: sampled as the eval.* "
+                                                                       "options say, scored by the reward sources, "
+                                                                       "pass@k and the rest logged every eval_steps "
+                                                                       "and at the end (docs/eval.md)")
     max_eval_prompts: int | None = field(None, ge=1, help="cap on eval prompts")
     input_key: str = field("input", help="column holding the prompt (a messages list with apply_chat_template)")
     label_key: str | None = field("label", help="column passed to reward functions as the label (null: none)")
@@ -86,6 +87,49 @@ class RewardConfig:
                               "reward.remote_rm_url")
         if self.reward_clip_range is not None and len(self.reward_clip_range) != 2:
             raise ConfigError("reward.reward_clip_range needs two values: low,high")
+
+
+@dataclass
+class EvalSamplingConfig:
+    """How the eval prompts are sampled and judged: `train rl` and `hpc-rlhf eval` share it (docs/eval.md)."""
+    eval_n_samples_per_prompt: int = field(1, ge=1, help="samples per eval prompt (n of pass@k and avg@n)")
+    eval_temperature: float = field(0.0, ge=0, help="eval sampling temperature (0: greedy)")
+    eval_top_p: float = field(1.0, gt=0, le=1, help="eval nucleus sampling mass")
+    eval_max_new_tokens: int | None = field(None, ge=1, help="new tokens per eval response at most (null: "
+                                                             "rollout.generate_max_len)")
+    eval_batch_size: int | None = field(None, ge=1, help="eval prompts per generate call on one rollout rank "
+                                                         "(each with its n samples; null: the rank's whole share)")
+    correct_threshold: float = field(1.0, unbounded=True, help="a sample is correct when its reward is >= this "
+                                                               "(verifier rewards: 1 right, 0 wrong)")
+
+    def validate(self) -> None:
+        if self.eval_n_samples_per_prompt > 1 and self.eval_temperature == 0:
+            raise ConfigError(f"eval.eval_n_samples_per_prompt={self.eval_n_samples_per_prompt} with "
+                              f"eval_temperature 0 draws {self.eval_n_samples_per_prompt} identical greedy "
+                              f"samples: set eval_temperature > 0 (e.g. 0.6 or 1.0)")
+
+
+@dataclass
+class EvalConfig(EvalSamplingConfig):
+    eval_at_start: bool = field(False, help="evaluate before the first step (a row at the start step)")
+    eval_only: bool = field(False, help="evaluate the policy (the resumed checkpoint's, else the pretrained "
+                                        "model) once, write save_path/eval_metrics.json and exit: no training")
+    best_metric: str | None = field(None, help="keep the model with the best value of this eval metric (e.g. "
+                                               "eval/pass@1) in save_path/best (with best.json: metric, value, "
+                                               "step), apart from the checkpoint rotation")
+    best_mode: Literal["max", "min"] = field("max", help="whether a higher (max) or lower (min) best_metric is "
+                                                         "better")
+    early_stop_threshold: float | None = field(None, unbounded=True,
+                                               help="stop once best_metric reaches this value (>= with max, <= "
+                                                    "with min) at an eval: checkpoint, final export, exit")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.best_metric is not None and not self.best_metric.startswith("eval"):
+            raise ConfigError(f"eval.best_metric={self.best_metric!r} is not an eval metric: name one of the "
+                              f"eval keys, e.g. eval/pass@1 or eval/avg@n (docs/eval.md)")
+        if self.early_stop_threshold is not None and self.best_metric is None:
+            raise ConfigError("eval.early_stop_threshold needs eval.best_metric: the metric it watches")
 
 
 @dataclass
@@ -184,6 +228,8 @@ class RLConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig, help="roles and ranks")
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, help="saving and resuming")
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
+    eval: EvalConfig = field(default_factory=EvalConfig, help="evaluation on data.eval_prompt_data: sampling, "
+                                                              "pass@k, best model, early stop (docs/eval.md)")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="backend; launch.nproc stays 1 (the rank "
                                                                     "count comes from the placement)")
     slurm: SlurmConfig = field(default_factory=SlurmConfig, help="SLURM job: resources per role, preemption, "
@@ -206,6 +252,10 @@ class RLConfig:
         if self.train.async_train and self.placement.colocate_all:
             raise ConfigError("train.async_train needs the rollout on ranks of its own, so that generation runs "
                               "while the actor trains: set placement.colocate_all to false")
+        e = self.eval
+        wants = [k for k in ("eval_at_start", "eval_only", "best_metric") if getattr(e, k) not in (False, None)]
+        if wants and not self.data.eval_prompt_data:
+            raise ConfigError(f"eval.{wants[0]} needs eval prompts: set data.eval_prompt_data")
         if self.launch.nproc != 1:
             raise ConfigError("launch.nproc does not apply to `train rl`: its rank count follows from the placement "
                               "(placement.*_num_ranks and the colocate_* options)")

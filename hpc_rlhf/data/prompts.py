@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..algorithms.eval_metrics import dataset_names
 from ..config.rl import PromptDataConfig
 from .mixing import mix
 from .rows import BadRows, DataError
@@ -18,6 +19,7 @@ class Prompt:
     text: str
     label: str | None
     source: str
+    dataset: str = ""  # eval prompts: the short name of their source (the file stem), for metric keys
 
 
 def build_prompts(rows, name: str, tokenizer, cfg: PromptDataConfig, bad: BadRows) -> list[Prompt]:
@@ -73,7 +75,11 @@ def load_prompts(cfg: PromptDataConfig, tokenizer, seed: int) -> tuple[list[Prom
         train = train[:cfg.max_samples]
     evals: list[Prompt] = []
     if cfg.eval_prompt_data:
-        evals = [p for src in _read(cfg.eval_prompt_data, cfg, tokenizer, bad) for p in src]
+        sources = _read(cfg.eval_prompt_data, cfg, tokenizer, bad)
+        for name, src in zip(dataset_names(cfg.eval_prompt_data), sources):
+            for p in src:
+                p.dataset = name
+        evals = [p for src in sources for p in src]
         if cfg.max_eval_prompts is not None and len(evals) > cfg.max_eval_prompts:
             keep = np.sort(np.random.default_rng(seed).choice(len(evals), cfg.max_eval_prompts, replace=False))
             evals = [evals[i] for i in keep]

@@ -60,7 +60,8 @@ class PlacementPlan:
 
 def make_plan(sizes: dict[str, int], colocate_actor_ref: bool = False, colocate_critic_reward: bool = False,
               colocate_all: bool = False, colocate_actor_reward: bool = False) -> PlacementPlan:
-    """Build the plan from per-role rank counts (0 or absent: the role is not used).
+    """Build the plan from per-role rank counts (0 or absent: the role is not used).  Every RL run has an
+    actor; a plan without one (rollout and reward only) is `hpc-rlhf eval`'s.
 
     ``colocate_all`` puts every used role on the actor's ranks; ``colocate_actor_ref`` puts the
     reference on the actor's ranks; ``colocate_actor_reward`` the reward role (a reward function
@@ -68,8 +69,8 @@ def make_plan(sizes: dict[str, int], colocate_actor_ref: bool = False, colocate_
     ranks.  Colocated roles run on the ranks of the role they join.
     """
     used = [r for r in ROLES if sizes.get(r, 0) > 0]
-    if "actor" not in used:
-        raise ValueError("the placement needs at least one actor rank")
+    if not used:
+        raise ValueError("the placement has no ranks: give at least one role a rank count")
     if colocate_actor_reward and colocate_critic_reward and "critic" in used:
         raise ValueError("the reward role joins either the actor's ranks or the critic's: set only one of "
                          "colocate_actor_reward and colocate_critic_reward")

@@ -77,7 +77,7 @@ def join(plan: PlacementPlan, backend: str = "auto", timeout_s: float = 1800.0,
                            if de.rank in trainers else None)
     weights = None
     actor, rollout = plan.ranks_of("actor"), plan.ranks_of("rollout")
-    if rollout and plan.component_of(actor[0]) != plan.component_of(rollout[0]):
+    if actor and rollout and plan.component_of(actor[0]) != plan.component_of(rollout[0]):
         members = [actor[0], *rollout]
         if de.rank in members:
             weights = Bridge("weights", members, de.rank, store, timeout_s, backend)

@@ -34,7 +34,7 @@ class WeightSync:
         out: dict[str, float] = {}
         if self.actor is not None:
             out = self._send()
-        elif self.rollout is not None:
+        elif self.rollout is not None and self.ctx.plan.has("actor"):  # no actor: `hpc-rlhf eval`
             receive_weights(self.ctx.weights, self.rollout.engine, self.dtype)
         if self.rollout is not None and self.check:
             out[f"sync/checksum_loaded/{self.ctx.role_rank('rollout')}"] = self.rollout.engine.state_checksum()

@@ -6,6 +6,7 @@ same on every rank (they are reduced before they come back), since the row logge
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from ..distributed.preemption import StepBoundary
@@ -13,6 +14,8 @@ from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 
 __all__ = ["StepBoundary", "run_steps"]
+
+log = logging.getLogger("hpc_rlhf.loop")
 
 Metrics = dict[str, float]
 
@@ -24,16 +27,22 @@ def _shown_as_is(metrics: Metrics) -> Metrics:
 def run_steps(cfg, step: Callable[[int], Metrics], start: int, total: int, boundary: StepBoundary, *,
               is_main: bool, desc: str, evaluate: Callable[[int], Metrics] | None = None,
               export: Callable[[], Metrics] | None = None,
-              shown: Callable[[Metrics], Metrics] = _shown_as_is) -> Metrics:
+              shown: Callable[[Metrics], Metrics] = _shown_as_is, eval_at_start: bool = False,
+              eval_only: bool = False, on_eval: Callable[[int, Metrics], bool] | None = None) -> Metrics:
     """Run ``step(i)`` for i = start .. total - 1 (0-based) and return the last step's metrics.
 
     ``cfg`` is the trainer's config: ``cfg.log`` (logging_steps, eval_steps, use_tensorboard, progress_bar)
     and ``cfg.ckpt.save_path`` (where metrics.jsonl and the TensorBoard events go) are read.  After step i,
-    ``evaluate(i)`` runs every ``eval_steps`` steps and after the last step, its metrics joining the step's
-    row; a row is logged every ``logging_steps`` steps and after the last step; ``shown`` picks what the
-    progress line shows; then ``boundary`` ends the step (it may raise RunStopped, having closed the sinks).
-    After the last step ``export()`` writes the result; what it returns is logged as a row of its own
-    (when not empty) and joins the returned metrics."""
+    ``evaluate(i + 1)`` (its argument: the steps done) runs every ``eval_steps`` steps and after the last
+    step, its metrics joining the step's row; a row is logged every ``logging_steps`` steps and after the
+    last step; ``shown`` picks what the progress line shows; then ``boundary`` ends the step (it may raise
+    RunStopped, having closed the sinks).  After the last step ``export()`` writes the result; what it
+    returns is logged as a row of its own (when not empty) and joins the returned metrics.
+
+    ``eval_at_start``: ``evaluate(start)`` first, logged as a row of step ``start``; ``eval_only``: that eval
+    alone, returned (no step, no export).  ``on_eval(done, eval_metrics)`` sees every eval (keeping the best
+    model, say); when it returns True the run ends there: a checkpoint of that step (``boundary.save``), then
+    the export, as after the last step.  It must decide alike on every rank."""
     log_cfg = cfg.log
     metrics_log = MetricsLogger(cfg.ckpt.save_path, is_main, log_cfg.use_tensorboard, start)
     progress = Progress(total, start, is_main, log_cfg.progress_bar, desc=desc)
@@ -42,21 +51,43 @@ def run_steps(cfg, step: Callable[[int], Metrics], start: int, total: int, bound
         progress.close()
         metrics_log.close()
 
+    def evaluated(done: int, metrics: Metrics) -> bool:
+        """The eval's metrics into ``metrics``; True: stop here."""
+        got = evaluate(done)
+        metrics.update(got)
+        return on_eval is not None and on_eval(done, got)
+
     last: Metrics = {}
-    for i in range(start, total):
+    end = total  # the steps done when the run ends
+    if evaluate is not None and (eval_at_start or eval_only):
+        stop_now = evaluated(start, last)
+        metrics_log.log(start, last)
+        if eval_only:
+            close()
+            return last
+        if stop_now:
+            log.info("early stop before the first step: the eval at step %d reached the threshold", start)
+            end = start
+    for i in range(start, end):
         last = step(i)
         done = i + 1
+        stop_now = False
         if evaluate is not None and (done == total or (log_cfg.eval_steps > 0 and done % log_cfg.eval_steps == 0)):
-            last.update(evaluate(i))
+            stop_now = evaluated(done, last)
         on_cadence = done % log_cfg.logging_steps == 0
-        if on_cadence or done == total:
+        if on_cadence or done == total or stop_now:
             metrics_log.log(done, last)
         progress.update(done, shown(last), on_cadence)
+        if stop_now and done < total:
+            log.info("early stop after step %d of %d: the eval reached the threshold", done, total)
+            boundary.save(done)
+            end = done
+            break
         boundary(done, total, close)
     progress.close()
     exported = export() if export is not None else {}
     if exported:
-        metrics_log.log(total, exported)
+        metrics_log.log(end, exported)
         last.update(exported)
     metrics_log.close()
     return last

@@ -20,9 +20,11 @@ the ``algo.*`` options.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,6 +33,7 @@ from ..checkpoint.hf_export import save_hf
 from ..checkpoint.rng import seed_everything
 from ..checkpoint.store import save_checkpoint
 from ..config import ConfigError, dump_yaml
+from ..config.evaluation import EvalRunConfig
 from ..config.rl import RLConfig
 from ..data.prompts import load_prompts
 from ..distributed.collectives import sum_over_ranks
@@ -104,6 +107,7 @@ class RLRun:
         self.roles = build_roles(cfg, ctx, self.algo, opt_steps, self.tokenizer, device_for(read_env()))
         self.collector = Collector(cfg, ctx, self.roles.rollout, self.roles.reward, self.schedule, eval_prompts)
         self.sync = WeightSync(cfg, ctx, self.roles.actor, self.roles.rollout)
+        self.best: dict | None = None  # {"metric", "value", "step"} of the model in save_path/best
 
     def _shard(self, role: str, samples: list[Experience]) -> list[Experience]:
         return shard_groups(samples, len(self.ctx.plan.ranks_of(role)), self.ctx.role_rank(role))
@@ -207,15 +211,40 @@ class RLRun:
 
     # ---- the loop, checkpoints ------------------------------------------------------------------------------
     def run(self) -> dict[str, float]:
-        cfg, ctx = self.cfg, self.ctx
+        cfg, ctx, e = self.cfg, self.ctx, self.cfg.eval
         start = self._maybe_resume()
         self.sync.run()
         self.collector.policy_step = start
         boundary = StepBoundary(self.stop, cfg.ckpt.save_steps, self.save, ctx.control.max, ctx.control.barrier,
                                 self.is_main)
-        return run_steps(cfg, self.train_step, start, self.schedule.total_steps, boundary, is_main=self.is_main,
-                         desc="rl", evaluate=self.collector.evaluate if self.collector.eval_prompts else None,
-                         export=self.export, shown=lambda m: {k: m.get(f"actor/{k}", 0.0) for k in ("loss", "lr")})
+        out = run_steps(cfg, self.train_step, start, self.schedule.total_steps, boundary, is_main=self.is_main,
+                        desc="rl", evaluate=self.collector.evaluate if self.collector.eval_prompts else None,
+                        export=self.export, shown=lambda m: {k: m.get(f"actor/{k}", 0.0) for k in ("loss", "lr")},
+                        eval_at_start=e.eval_at_start, eval_only=e.eval_only,
+                        on_eval=self.on_eval if e.best_metric and not e.eval_only else None)
+        if e.eval_only and self.is_main:
+            path = Path(cfg.ckpt.save_path) / "eval_metrics.json"
+            path.write_text(json.dumps({"step": start, "metrics": out}, indent=1) + "\n")
+            log.info("eval metrics written to %s", path)
+        return out
+
+    def on_eval(self, done: int, metrics: dict[str, float]) -> bool:
+        """After an eval (every rank has the same metrics): keep the model in save_path/best when
+        eval.best_metric improved; True (stop the run) when it reached eval.early_stop_threshold."""
+        e = self.cfg.eval
+        if e.best_metric not in metrics:
+            raise ConfigError(f"eval.best_metric={e.best_metric!r} is not among the eval metrics: "
+                           f"{', '.join(sorted(k for k in metrics if not k.startswith('time/')))}")
+        value, sign = metrics[e.best_metric], 1.0 if e.best_mode == "max" else -1.0
+        if self.best is None or sign * value > sign * self.best["value"]:
+            self.best = {"metric": e.best_metric, "value": value, "mode": e.best_mode, "step": done}
+            if self.roles.actor is not None:
+                save_hf(self.roles.actor.engine, self.tokenizer, Path(self.cfg.ckpt.save_path) / "best",
+                        {"hpc_rlhf_config.yaml": dump_yaml(self.cfg), "best.json": json.dumps(self.best) + "\n"})
+            if self.is_main:
+                log.info("best %s = %.4g at step %d: model in %s/best", e.best_metric, value, done,
+                         self.cfg.ckpt.save_path)
+        return e.early_stop_threshold is not None and sign * value >= sign * e.early_stop_threshold
 
     def export(self) -> dict[str, float]:
         if self.roles.actor is not None:
@@ -224,7 +253,8 @@ class RLRun:
         return {}
 
     def save(self, step: int) -> None:
-        state = {"step": step, **self.algo.state_dict(), "reward_moments": self.reward_moments.state_dict()}
+        state = {"step": step, **self.algo.state_dict(), "reward_moments": self.reward_moments.state_dict(),
+                 "best": self.best}
         save_checkpoint(self.roles.engines(), self.cfg.ckpt.ckpt_path, step, state, self.cfg.ckpt.max_ckpt_num,
                         run_config=dump_yaml(self.cfg), rank=self.ctx.global_rank, barrier=self.ctx.control.barrier,
                         rank_state=self.collector.ahead.state())
@@ -236,6 +266,7 @@ class RLRun:
             return 0
         self.algo.load_state_dict(state)
         self.reward_moments.load_state_dict(state["reward_moments"])
+        self.best = state.get("best")
         if self.cfg.train.async_train:
             self.collector.ahead.load(state.get("rank_state"))
         return state["step"]
@@ -256,3 +287,17 @@ def invalid_group_counts(samples: list[Experience], uses_groups: bool) -> dict[s
 
 def run_rl(cfg: RLConfig) -> dict[str, float]:
     return run_in_roles(cfg, plan_from_config(cfg), lambda ctx, stop: RLRun(cfg, ctx, stop).run())
+
+
+def eval_plan(cfg: EvalRunConfig) -> PlacementPlan:
+    """`hpc-rlhf eval`: rollout ranks, and the reward role on them or on ranks of its own; no actor."""
+    p = cfg.placement
+    sizes = {"rollout": p.rollout_num_ranks,
+             "reward": p.rollout_num_ranks if p.colocate_reward else p.reward_num_ranks}
+    return make_plan(sizes, colocate_all=p.colocate_reward)
+
+
+def run_eval(cfg: EvalRunConfig) -> dict[str, float]:
+    """`hpc-rlhf eval`: the RL run's eval (eval_only) on a plan of rollout and reward ranks: the metrics."""
+    rl = cfg.as_rl_config()
+    return run_in_roles(rl, eval_plan(cfg), lambda ctx, stop: RLRun(rl, ctx, stop).run())
