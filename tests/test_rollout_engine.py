@@ -193,3 +193,27 @@ def test_top_p_keeps_smallest_set():
     assert kept(0.79) == [True, True, False, False]
     assert kept(0.81) == [True, True, True, False]
     assert kept(1.0) == [True] * 4
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_repeated_prompts_share_their_prefill(model_dirs, lean, monkeypatch):
+    """n samples of one prompt: the prompt is prefilled once (one row per distinct prompt), and every sample
+    is what that prompt gives alone with the sample's seed."""
+    engine = HFEngine(model_dirs[("llama", 0)], max_batch_size=64, lean=lean)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    prompts = [PROMPTS[0]] * 3 + [PROMPTS[2]] * 2 + [PROMPTS[0]]
+    seeds = [11, 12, 13, 21, 22, 14]
+    rows_prefilled = []
+    if lean:
+        start = engine._lean.start
+        monkeypatch.setattr(engine._lean, "start", lambda batch, *a: (rows_prefilled.append(batch), start(batch, *a)))
+    else:
+        forward = engine._forward
+        monkeypatch.setattr(engine, "_forward", lambda ids, *a: (rows_prefilled.append(len(ids)), forward(ids, *a))[1])
+    shared = engine.generate(prompts, params, seeds)
+    assert rows_prefilled[0] == 2
+    for p, s, c in zip(prompts, seeds, shared):
+        alone = HFEngine(engine.model, lean=lean).generate([p], params, [s])[0]
+        assert c.token_ids == alone.token_ids
+        assert c.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    assert len({tuple(c.token_ids) for c in shared[:3]}) > 1  # the copies sample on their own

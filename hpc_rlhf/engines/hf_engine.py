@@ -144,15 +144,19 @@ class HFEngine(RolloutEngine):
     def _generate_batch(self, prompts, params: SamplingParams, seeds) -> list[Completion]:
         dev = self.device
         n = len(prompts)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for r, p in enumerate(prompts):
+        # Each distinct prompt is prefilled once; its samples start from copies of its cache rows.
+        first: dict[tuple, int] = {}
+        row_of = torch.tensor([first.setdefault(tuple(p), len(first)) for p in prompts], device=dev)
+        unique = [list(p) for p in first]
+        width = max(len(p) for p in unique)
+        ids = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for r, p in enumerate(unique):
             ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[r, width - len(p):] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        next_pos = pos[:, -1:] + 1
+        next_pos = (pos[:, -1:] + 1).index_select(0, row_of)
 
         gens = None
         if not params.greedy:
@@ -166,11 +170,18 @@ class HFEngine(RolloutEngine):
         stopped = torch.zeros(n, dtype=torch.bool, device=dev)
         lean = self._lean
         if lean is not None:  # same math as the transformers forward, far fewer Python calls per token
-            lean.start(n, width + params.max_new_tokens, self.dtype, dev)
+            lean.start(len(unique), width + params.max_new_tokens, self.dtype, dev)
             logits = lean.forward(ids, pos, mask.bool()).float()
             step_valid = torch.ones((n, 1), dtype=torch.bool, device=dev)
         else:
             logits, past = self._forward(ids, mask, pos, None)
+        if len(unique) < n:
+            logits = logits.index_select(0, row_of)
+            if lean is not None:
+                lean.select_rows(row_of)
+            else:
+                past.reorder_cache(row_of)
+        mask = mask.index_select(0, row_of)
         for step in range(params.max_new_tokens):
             if params.greedy:
                 chosen = torch.argmax(logits, dim=-1)

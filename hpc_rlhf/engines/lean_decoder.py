@@ -106,6 +106,12 @@ class LeanDecoder:
         # rotate_half(x) * sin == roll(x, half) * signed_sin, with the first half of sin negated
         self.cos, self.signed_sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Row r of the cache becomes row ``index[r]``: prompts prefilled once serve several samples."""
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        self.key_valid = self.key_valid.index_select(0, index)
+
     def _mask(self, T: int, start: int, end: int, device) -> torch.Tensor:
         if T == 1:  # one new token per row: it sees every valid cached key and itself
             return self.key_valid[:, None, None, :end]
