@@ -111,7 +111,8 @@ def test_chat_string_prompt_is_the_user_turn(chatml_tokenizer):
     """A plain-string input_key is one user message (as for RL prompts); only the answer is trained."""
     [s] = build([{"prompt": "2+2?", "answer": "4"}], chatml_tokenizer, input_key="prompt", output_key="answer",
                 apply_chat_template=True)
-    assert chatml_tokenizer.decode(s.input_ids) == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+    assert chatml_tokenizer.decode(s.input_ids) == ("<|im_start|>user\n2+2?<|im_end|>\n"
+                                                    "<|im_start|>assistant\n4<|im_end|>\n")
     assert chatml_tokenizer.decode([t for t, m in zip(s.input_ids, s.loss_mask) if m]) == "4<|im_end|>"
 
 
