@@ -84,7 +84,10 @@ class VllmEngine(RolloutEngine):
         from vllm import LLM
         from vllm.platforms import current_platform
         self.sleep_supported = enable_sleep_mode and current_platform.is_sleep_mode_available()
-        kwargs = {} if on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}
+        # On CPU, no chunked prefill: vLLM rewinds the seeded generator of a request whose prompt was only
+        # partly prefilled in a step, and a CPU torch.Generator cannot rewind ("does not use offset").
+        kwargs = ({"enable_chunked_prefill": False} if on_cpu
+                  else {"gpu_memory_utilization": gpu_memory_utilization})
         self.llm = LLM(model=str(model_path), dtype=_DTYPES[dtype], seed=seed, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, enforce_eager=on_cpu, logprobs_mode="raw_logprobs",
                        enable_sleep_mode=self.sleep_supported, tensor_parallel_size=tensor_parallel_size,
