@@ -131,3 +131,20 @@ def test_tensor_parallel_engine(models, engine):
         assert [c.token_ids for c in _greedy(tp)] == [c.token_ids for c in _greedy(HFEngine(models[1]))]
     finally:
         tp.close()
+
+
+def test_seeded_sampling_when_prompts_exceed_one_step(models):
+    """64 seeded samples of 100-token prompts hold more prompt tokens than vLLM schedules in one step (4096 on
+    CPU).  With chunked prefill, vLLM rewound the seeded generator of a request it had prefilled in part, and
+    a CPU torch.Generator cannot rewind: the engine died with 'CPU Generator does not use offset'."""
+    from hpc_rlhf.engines.vllm_engine import VllmEngine
+    eng = VllmEngine(str(models[0]), dtype="fp32", max_model_len=128, max_num_seqs=64)
+    try:
+        prompts = [[(7 * i + j) % 250 for j in range(100)] for i in range(64)]
+        params = SamplingParams(temperature=1.0, max_new_tokens=4)
+        first = eng.generate(prompts, params, list(range(64)))
+        again = eng.generate(prompts, params, list(range(64)))
+        assert [c.token_ids for c in first] == [c.token_ids for c in again]
+        assert len({tuple(c.token_ids) for c in first}) > 1
+    finally:
+        eng.close()
