@@ -8,6 +8,7 @@ that read it; runs are tiny (hidden 32, 2 layers, 24 rows, 3 steps).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -327,3 +328,33 @@ def test_offline_hub_name_exits_2(base, override, needle):
     proc = _train(config, root, override, env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2, proc.stderr[-4000:]
     assert f"hpc-rlhf: {needle}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+
+def _grad_norms(model_dir: str) -> dict:
+    """(optimizer_step's norm, the norm of the gradients before the step) per (dtype, ZeRO stage)."""
+    from hpc_rlhf.config import SFTConfig, load_config
+    from hpc_rlhf.engines.deepspeed_strategy import build_engine, optimizer_step
+    from hpc_rlhf.models.loading import load_causal_lm
+    out = {}
+    for dtype, stage in (("fp32", 0), ("fp32", 2), ("bf16", 0)):
+        cfg = load_config(SFTConfig, None, [f"pretrain={model_dir}", "dataset=mem", f"param_dtype={dtype}",
+                                            f"zero_stage={stage}", "max_norm=1e-3", "train_batch_size=1"])
+        engine = build_engine(load_causal_lm(cfg.model), cfg.train, cfg.train.learning_rate, dtype, 4, 1)
+        loss = engine(input_ids=torch.tensor([[3, 50, 60, 70, 80, 90]])).logits.float().logsumexp(-1).mean()
+        engine.backward(loss, scale_wrt_gas=False)
+        grads = [p.grad.float().norm() for p in engine.module.parameters() if p.grad is not None]
+        out[(dtype, stage)] = (optimizer_step(engine), float(torch.stack(grads).norm()) if grads else None)
+    return out
+
+
+def test_grad_norm_is_reported_before_clipping(tiny_dir):
+    """optimizer_step gives the gradient norm before clipping for every stage and dtype; DeepSpeed reports
+    none for ZeRO-0 in fp32 (the metric used to be NaN there)."""
+    from _dist import run_ranks
+    norms = run_ranks(_grad_norms, 1, str(tiny_dir))[0]
+    for (dtype, stage), (norm, _) in norms.items():
+        assert math.isfinite(norm) and norm > 1e-3, (dtype, stage, norm)  # > max_norm: before clipping
+    fp32_0, expected = norms[("fp32", 0)]
+    assert fp32_0 == pytest.approx(expected, rel=1e-4)
+    assert norms[("fp32", 2)][0] == pytest.approx(fp32_0, rel=1e-3)  # DeepSpeed's own figure agrees

@@ -44,7 +44,8 @@ def main(out: Path) -> None:
     split = ("time/generate_score_s", "time/infer_advantages_s", "time/train_s", "time/weight_sync_s")
     print(f"GRPO: {len(steps)} steps, step time mean {mean(r['time/step_s'] for r in steps):.1f} s: "
           + ", ".join(f"{k.split('/')[1][:-2]} {mean(r.get(k, 0.0) for r in steps):.1f} s" for k in split)
-          + f"; reward/mean {steps[0].get('reward/mean', float('nan')):.3f} -> {steps[-1].get('reward/mean', float('nan')):.3f}")
+          + f"; reward/mean of the first and last step {steps[0].get('reward/mean', float('nan')):.3f}, "
+            f"{steps[-1].get('reward/mean', float('nan')):.3f}")
 
 
 if __name__ == "__main__":

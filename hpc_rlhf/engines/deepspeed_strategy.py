@@ -81,6 +81,21 @@ def build_engine(model: torch.nn.Module, train: OptimizerConfig, learning_rate: 
     return engine
 
 
+def optimizer_step(engine) -> float:
+    """``engine.step()``; returns the gradient norm before clipping.  DeepSpeed reports it from its ZeRO and
+    bf16 optimizers only: for ZeRO-0 in fp32 it is computed here, from the gradients the last backward left
+    (already averaged over the ranks: every backward is an accumulation boundary, see ``ds_config``)."""
+    own = None
+    if engine.zero_optimization_stage() == 0 and not engine.bfloat16_enabled():
+        norms = [p.grad.detach().float().norm() for p in engine.module.parameters() if p.grad is not None]
+        own = float(torch.stack(norms).norm()) if norms else 0.0
+    engine.step()
+    reported = engine.get_global_grad_norm()
+    if reported is not None:
+        return float(reported)
+    return own if own is not None else float("nan")
+
+
 def configure_deepspeed_env() -> None:
     """Quiet DeepSpeed's INFO chatter and point its JIT cache at a persistent folder."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")

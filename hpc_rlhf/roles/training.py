@@ -9,6 +9,7 @@ import torch
 from ..algorithms.aggregation import StepNorm
 from ..data.batching import chunks
 from ..distributed.collectives import sum_over_ranks
+from ..engines.deepspeed_strategy import optimizer_step
 from .experience import Experience, RLBatch, collate, unpadded
 
 
@@ -56,9 +57,8 @@ def run_optimizer_step(engine, micro_batches: list[tuple[list[Experience], RLBat
         tokens += n
         for k, v in metrics.items():
             weighted[k] = weighted.get(k, 0.0) + float(v) * n
-    engine.step()
+    grad_norm = optimizer_step(engine)
     out = {k: v / max(tokens, 1.0) for k, v in weighted.items()}
     out["loss"] = float(sum_over_ranks(torch.tensor([loss_share], dtype=torch.float64))[0]) / world_size
-    grad_norm = engine.get_global_grad_norm()
-    out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+    out["grad_norm"] = grad_norm
     return out

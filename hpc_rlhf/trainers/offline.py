@@ -24,7 +24,7 @@ from ..data.batching import EpochSampler
 from ..distributed.collectives import barrier, max_over_ranks
 from ..distributed.env import DistEnv, device_for
 from ..distributed.preemption import StopRequest
-from ..engines.deepspeed_strategy import build_engine
+from ..engines.deepspeed_strategy import build_engine, optimizer_step
 from ..models.loading import load_tokenizer, resolve_pretrained
 from .lifecycle import resume, run_in_world
 from .loop import StepBoundary, run_steps
@@ -45,11 +45,9 @@ def train_step(engine, unit: Objective, view: StepView) -> dict[str, float]:
         engine.backward(out.loss * (out.count * scale), scale_wrt_gas=False)
         stats.add("loss", float(out.loss.detach()) * out.count, out.count)
         stats.update(out.stats)
-    engine.step()
+    grad_norm = optimizer_step(engine)
     metrics = stats.means()
-    grad_norm = engine.get_global_grad_norm()
-    metrics.update(unit.step_metrics(ctx), grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
-                   micro_batches=len(groups))
+    metrics.update(unit.step_metrics(ctx), grad_norm=grad_norm, micro_batches=len(groups))
     return metrics
 
 
