@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real run (docs/real_model.md): SmolLM2-135M-Instruct on ASDiv, on CPU.
 #   1. held-out eval of the model as it comes (eval.yaml: 200 problems x 8 samples, pass@1..8, maj@k)
-#   2. SFT on the training split (sft.yaml)
+#   2. SFT on the training rows for which equations.py finds a one-step equation giving the answer (sft.yaml)
 #   3. GRPO from the SFT model with the math verifier's reward (grpo.yaml), whose eval (same problems, same
 #      sampling settings and seeds) runs before the first step, every eval_steps and at the end
 #   4. report.py: the curve, the start and end figures, the step times and where the time goes
@@ -29,8 +29,9 @@ PYEOF
 }
 rm -f "$OUT/times.json"
 stage eval_base "$PY" -m hpc_rlhf.cli eval --config "$HERE/eval.yaml" "output_path=$OUT/eval_base"
-stage sft "$PY" -m hpc_rlhf.cli train sft --config "$HERE/sft.yaml" "ckpt.save_path=$OUT/sft" \
-  "ckpt.ckpt_path=$OUT/sft_checkpoints"
+"$PY" "$HERE/equations.py" "${HPC_RLHF_ASSETS:-$HOME/.cache/hpc_rlhf/real}/asdiv/train.jsonl" "$OUT/sft_train.jsonl"
+stage sft "$PY" -m hpc_rlhf.cli train sft --config "$HERE/sft.yaml" "data.dataset=$OUT/sft_train.jsonl" \
+  "ckpt.save_path=$OUT/sft" "ckpt.ckpt_path=$OUT/sft_checkpoints"
 stage grpo "$PY" -m hpc_rlhf.cli train rl --config "$HERE/grpo.yaml" "model.pretrain=$OUT/sft" \
   "ckpt.save_path=$OUT/grpo" "ckpt.ckpt_path=$OUT/grpo_checkpoints"
 "$PY" "$HERE/report.py" "$OUT" | tee "$OUT/report.md"
