@@ -5,8 +5,8 @@ for one arithmetic step over the numbers written in the problem (digits or numbe
 a * b, a / b, or a + b + c, in the order the numbers appear, and takes the first whose value is the answer's
 number.  The SFT target is then that step, e.g. "7 + 2 = 9", so the model learns to pick the numbers and the
 operation and to write the result last (the verifier reads the last number).  Only the rows where such a
-step is found are written (about 56% of the training split).  A found step can be right for the wrong reason (another pair of numbers that
-happens to give the answer); nothing checks that beyond the value.
+step is found are written (about 56% of the training split).  A found step can be right for the wrong reason
+(another pair of numbers that happens to give the answer); nothing checks that beyond the value.
 
 Usage: python equations.py TRAIN_JSONL OUT_JSONL   (rows as scripts/real_assets.sh writes them)
 """
