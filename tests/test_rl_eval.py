@@ -100,6 +100,7 @@ def test_eval_only_n_samples_match_the_pure_metrics(assets, eval_only_run):
     assert not list((root / "eval_only").glob("*.safetensors"))  # no training, no export
 
 
+@pytest.mark.slow  # about 20 s: the default suite keeps under 12 min
 def test_eval_at_start_and_best_model_kept_apart_from_rotation(assets):
     root, base = assets
     cfg = merged(base, placement={"colocate_all": True}, train={"max_steps": 3},
@@ -119,6 +120,7 @@ def test_eval_at_start_and_best_model_kept_apart_from_rotation(assets):
     assert (root / "best" / "model.safetensors").is_file()  # the final export beside best/
 
 
+@pytest.mark.slow  # about 20 s: the default suite keeps under 12 min
 def test_early_stop_at_the_threshold_checkpoints_and_exports(assets):
     """best_mode min with a threshold every value reaches: the run stops at the first eval (after step 1 of 4),
     with a checkpoint of step 1 and the final model."""
@@ -169,6 +171,7 @@ def test_eval_command_gives_hand_values(assets):
     assert row == {"step": 0, **printed}
 
 
+@pytest.mark.slow  # about 20 s: the default suite keeps under 12 min
 def test_eval_command_gives_the_in_training_numbers(assets, eval_only_run):
     """The same model, data, reward, sampling and seed: `hpc-rlhf eval` (no actor) draws the same samples
     as `train rl`'s eval and reports the same numbers."""
