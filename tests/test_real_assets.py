@@ -73,6 +73,11 @@ def test_import_gguf_command_writes_the_same_folder(real_model, tmp_path, capsys
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(p.name for p in Path(real_model).iterdir())
     for name in names:  # the conversion is deterministic: the script's folder byte for byte
+        if name == "hpc_rlhf_import.json":  # the record names the GGUF file's path, which depends on the env
+            ours, theirs = (json.loads((d / name).read_text()) for d in (out, Path(real_model)))
+            assert {k: v for k, v in ours.items() if k != "source"} == {k: v for k, v in theirs.items()
+                                                                         if k != "source"}
+            continue
         assert (out / name).read_bytes() == (Path(real_model) / name).read_bytes(), name
 
 
