@@ -181,7 +181,7 @@ class HFEngine(RolloutEngine):
                 lean.select_rows(row_of)
             else:
                 past.reorder_cache(row_of)
-        mask = mask.index_select(0, row_of)
+            mask = mask.index_select(0, row_of)
         for step in range(params.max_new_tokens):
             if params.greedy:
                 chosen = torch.argmax(logits, dim=-1)
