@@ -125,7 +125,9 @@ def test_rm_step_is_invariant_to_accumulation_and_ranks(steps):
     _assert_same(_pick(steps, "rm"), ("loss", "accuracy", "margin"))
 
 
-@pytest.mark.parametrize("trainer", ["kto", "simpo", "orpo"])
+# simpo and orpo in the slow stage: the default suite stays under 12 minutes (moved in issue 16)
+@pytest.mark.parametrize("trainer", ["kto", pytest.param("simpo", marks=pytest.mark.slow),
+                                     pytest.param("orpo", marks=pytest.mark.slow)])
 def test_trainer_learns(assets, trainer):
     config = cli_config(assets, trainer, "kto" if trainer == "kto" else "pairs")
     config["ckpt"]["save_steps"] = -1

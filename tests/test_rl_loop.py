@@ -36,6 +36,7 @@ def test_every_sync_delivers_the_actor_weights(ppo_run):
         assert key in metrics[-1], key
 
 
+@pytest.mark.slow  # the default suite stays under 12 minutes (moved in issue 16)
 def test_resumed_ppo_run_matches_uninterrupted(ppo_run, assets):
     root, _ = assets
     cfg, full = ppo_run
