@@ -75,3 +75,33 @@ def sequence_reward(rewards: Tensor, token_rewards: Optional[Tensor], mask: Tens
     if token_rewards is not None:
         r = r + _zero_pad(token_rewards, mask).sum(-1)
     return r
+
+
+def has_gaps(mask: Tensor) -> bool:
+    """Some row has a 0 before a 1 (multi-turn samples: feedback tokens between the turns' action tokens)."""
+    return bool((mask[:, 1:] > mask[:, :-1]).any()) if mask.shape[1] > 1 else False
+
+
+def action_positions(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(index [B, A], compact mask [B, A]): row b's positions with mask 1, in order, left aligned (A = the
+    largest count; padding entries index 0 with compact mask 0).  The MDP of a multi-turn sample steps over
+    its action tokens only: returns and GAE run on the compacted rows, so no feedback token sits between
+    one action token and the next."""
+    m = mask.bool()
+    counts = m.sum(-1)
+    A = int(counts.max()) if m.numel() else 0
+    cmask = (torch.arange(A, device=mask.device)[None, :] < counts[:, None]).to(mask.dtype)
+    # a stable sort of "not an action" puts the action positions first, in order
+    order = torch.sort((~m).to(torch.int8), dim=-1, stable=True).indices[:, :A]
+    return torch.where(cmask.bool(), order, torch.zeros_like(order)), cmask
+
+
+def compact(x: Tensor, index: Tensor, cmask: Tensor) -> Tensor:
+    """x [B, R] at the action positions: [B, A] (0 on padding)."""
+    return torch.gather(x.float(), 1, index) * cmask.to(torch.float32)
+
+
+def expand(xc: Tensor, index: Tensor, cmask: Tensor, width: int) -> Tensor:
+    """The inverse of :func:`compact`: [B, A] back to [B, width], 0 off the action positions."""
+    out = torch.zeros((xc.shape[0], width), dtype=xc.dtype, device=xc.device)
+    return out.scatter_add(1, index, xc * cmask.to(xc.dtype))

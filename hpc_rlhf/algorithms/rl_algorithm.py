@@ -19,6 +19,7 @@ from .aggregation import StepNorm, aggregate
 from .kl import compute_kl, kl_penalty_rewards, make_kl_controller
 from .mismatch import is_weights
 from .policy_loss import policy_loss
+from .returns import action_positions, compact, expand, has_gaps
 from .value_loss import value_loss
 from .whiten import AllReduce
 
@@ -47,17 +48,31 @@ class RLAlgorithm:
     # ---- advantages ---------------------------------------------------------------------------------------
     def advantages(self, rewards: Tensor, mask: Tensor, group_ids: Tensor, old: Optional[Tensor],
                    ref: Optional[Tensor], values: Optional[Tensor], all_reduce: AllReduce,
-                   valid: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor], Tensor]:
+                   valid: Optional[Tensor] = None, turn_rewards: Optional[Tensor] = None
+                   ) -> tuple[Tensor, Optional[Tensor], Tensor]:
         """(advantages, returns or None, per-token KL of the samples) for one shard.  The KL (old policy
         against the reference) is measured when both log-probs are there; with the KL in the reward it
         enters the token rewards at the controller's current coefficient.  ``valid`` [B]: the samples whose
-        reward exists (the others enter no statistic and get advantage 0)."""
-        token_rewards = torch.zeros_like(mask)
+        reward exists (the others enter no statistic and get advantage 0).  ``turn_rewards`` [B, R] (multi-turn):
+        rewards on given tokens, added to the token rewards (group estimators see them in the sequence reward,
+        GAE and REINFORCE in the returns).  A mask with gaps (feedback tokens between turns) is computed on
+        the compacted action tokens (``returns.action_positions``) and expanded back, 0 on the gaps."""
+        if has_gaps(mask):
+            idx, cmask = action_positions(mask)
+
+            def pack(x):
+                return None if x is None else compact(x, idx, cmask)
+            adv, ret, kl = self.advantages(rewards, cmask, group_ids, pack(old), pack(ref), pack(values), all_reduce,
+                                           valid, pack(turn_rewards))
+            R = mask.shape[1]
+            return (expand(adv, idx, cmask, R), None if ret is None else expand(ret, idx, cmask, R),
+                    expand(kl, idx, cmask, R))
+        token_rewards = torch.zeros_like(mask) if turn_rewards is None else turn_rewards.to(mask.dtype) * mask
         kl = torch.zeros_like(mask)
         if old is not None and ref is not None:
             kl = compute_kl(old, ref, self.cfg.kl_estimator, mask)
             if not self.use_kl_loss:
-                token_rewards = kl_penalty_rewards(kl, self.kl_ctl.value, mask)
+                token_rewards = token_rewards + kl_penalty_rewards(kl, self.kl_ctl.value, mask)
         adv, ret = self.estimator.compute(rewards, token_rewards, mask, values=values, group_ids=group_ids,
                                           gamma=self.cfg.gamma, lambd=self.cfg.lambd, all_reduce=all_reduce,
                                           valid=valid)

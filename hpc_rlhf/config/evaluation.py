@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Literal
 
 from .base import ConfigError, field
-from .rl import (EvalConfig, EvalSamplingConfig, PlacementConfig, PromptDataConfig, RewardConfig, RLConfig,
-                 RLTrainConfig, RolloutConfig)
+from .rl import (AgentConfig, EvalConfig, EvalSamplingConfig, PlacementConfig, PromptDataConfig, RewardConfig, RLConfig,
+                 RLTrainConfig, RolloutConfig, require_reward_source)
 from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig
 from .slurm import SlurmConfig
 
@@ -61,10 +61,13 @@ class EvalRunConfig:
     seed: int = field(42, ge=0, le=2**32 - 1, help="sample j of prompt i is drawn with a seed made from (seed, i, "
                                                    "j), as in `train rl` with train.seed")
     placement: EvalPlacementConfig = field(default_factory=EvalPlacementConfig, help="ranks")
+    agent: AgentConfig = field(default_factory=AgentConfig, help="a multi-turn environment, evaluated as `train "
+                                                                 "rl` runs it (docs/agents.md)")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="backend; launch.nproc stays 1 (the rank "
                                                                     "count comes from the placement)")
 
     def validate(self) -> None:
+        require_reward_source(self.reward, self.agent)
         if self.launch.nproc != 1:
             raise ConfigError("launch.nproc does not apply to `hpc-rlhf eval`: its rank count follows from "
                               "placement.rollout_num_ranks (and reward_num_ranks with colocate_reward false)")
@@ -88,4 +91,5 @@ class EvalRunConfig:
                         train=RLTrainConfig(seed=self.seed, train_batch_size=1), placement=placement,
                         ckpt=CheckpointConfig(save_path=str(out), ckpt_path=str(out / "checkpoints")),
                         log=LogConfig(use_tensorboard=False, progress_bar="off"),
-                        eval=EvalConfig(**sampling, eval_only=True), launch=self.launch, slurm=SlurmConfig())
+                        eval=EvalConfig(**sampling, eval_only=True), agent=self.agent, launch=self.launch,
+                        slurm=SlurmConfig())

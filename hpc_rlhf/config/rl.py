@@ -70,7 +70,8 @@ class RewardConfig:
     remote_rm_token_env: str | None = field(None, help="environment variable holding the reward servers' "
                                                        "bearer token")
     reward_weights: list[float] | None = field(None, unbounded=True, help="weights of the sources, in the order model, "
-                                                                          "function, remote (default 1 each)")
+                                                                          "function, remote, environment (agent."
+                                                                          "agent_func_path) (default 1 each)")
     reward_timeout_s: float = field(60.0, gt=0, help="time limit per reward batch")
     reward_batch_size: int = field(64, ge=1, help="samples per reward call")
     normalize_reward: bool = field(False, help="divide rewards by a running std (and subtract the running mean)")
@@ -82,11 +83,36 @@ class RewardConfig:
                                                                       "generate_max_len (null: keep their score)")
 
     def validate(self) -> None:
-        if not (self.reward_pretrain or self.reward_func or self.remote_rm_url):
-            raise ConfigError("no reward source: set reward.reward_pretrain, reward.reward_func or "
-                              "reward.remote_rm_url")
         if self.reward_clip_range is not None and len(self.reward_clip_range) != 2:
             raise ConfigError("reward.reward_clip_range needs two values: low,high")
+
+
+def require_reward_source(reward: RewardConfig, agent: "AgentConfig") -> None:
+    if not (reward.reward_pretrain or reward.reward_func or reward.remote_rm_url or agent.agent_func_path):
+        raise ConfigError("no reward source: set reward.reward_pretrain, reward.reward_func, reward.remote_rm_url "
+                          "or an environment (agent.agent_func_path)")
+
+
+@dataclass
+class AgentConfig:
+    """Multi-turn rollouts: an environment steps after every generation (docs/agents.md)."""
+    agent_func_path: str | None = field(None, path="file", help="Python file defining the environment (OpenRLHF's "
+                                                                "AgentExecutor/AgentInstance, or a class Environment "
+                                                                "with reset(prompt, label) and step(action)); null: "
+                                                                "single-turn generation")
+    max_turns: int = field(4, ge=1, help="generations per trajectory at most (rollout.generate_max_len new tokens "
+                                         "each)")
+    max_context_len: int = field(2048, ge=2, help="prompt + every action and feedback token of a trajectory at "
+                                                 "most (a trajectory reaching it is cut and flagged truncated)")
+    step_timeout_s: float = field(60.0, gt=0, help="one reset or step call of the environment at most; past it "
+                                                   "the sample is invalid")
+    max_failure_fraction: float = field(0.5, ge=0, le=1, help="the run stops when more than this fraction of a "
+                                                              "generate call's trajectories fail in the environment "
+                                                              "(raised, malformed result, timeout)")
+    feedback_template: Literal["auto", "raw", "user_turn"] = field(
+        "auto", help="feedback tokens: raw = the environment's text as written; user_turn = wrapped as a user "
+                     "message of the chat template followed by the generation prompt; auto = user_turn for the "
+                     "simple Environment form with a chat-template tokenizer, else raw")
 
 
 @dataclass
@@ -230,12 +256,15 @@ class RLConfig:
     log: LogConfig = field(default_factory=LogConfig, help="metrics and evaluation")
     eval: EvalConfig = field(default_factory=EvalConfig, help="evaluation on data.eval_prompt_data: sampling, "
                                                               "pass@k, best model, early stop (docs/eval.md)")
+    agent: AgentConfig = field(default_factory=AgentConfig, help="multi-turn environments and tool use "
+                                                                 "(docs/agents.md)")
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="backend; launch.nproc stays 1 (the rank "
                                                                     "count comes from the placement)")
     slurm: SlurmConfig = field(default_factory=SlurmConfig, help="SLURM job: resources per role, preemption, "
                                                                "requeue")
 
     def validate(self) -> None:
+        require_reward_source(self.reward, self.agent)
         n = self.rollout.n_samples_per_prompt
         if (self.rollout.rollout_batch_size * n) % self.train.train_batch_size:
             raise ConfigError(f"rollout_batch_size x n_samples_per_prompt = {self.rollout.rollout_batch_size * n} "

@@ -11,9 +11,10 @@ class Experience:
     prompt_index: int                 # index of the prompt in the step (its group)
     sample_index: int                 # index among the prompt's n samples
     prompt_ids: list[int]
-    response_ids: list[int]           # exactly the generated tokens (stop token included)
-    engine_logprobs: list[float]
-    finish_reason: str                # "stop" or "length"
+    response_ids: list[int]           # everything after the prompt: the sampled tokens (stop token included) and,
+                                      # multi-turn, the feedback between turns
+    engine_logprobs: list[float]      # per response token (0.0 where action_mask is 0)
+    finish_reason: str                # "stop" or "length" (a limit cut it)
     prompt_text: str
     response_text: str
     label: str | None
@@ -27,11 +28,39 @@ class Experience:
     advantages: list[float] | None = None
     returns: list[float] | None = None
     extra: dict = field(default_factory=dict)
+    # multi-turn (agents/): 1 on sampled tokens, 0 on feedback and template tokens; None = all sampled
+    action_mask: list[int] | None = None
+    turn_ends: list[int] = field(default_factory=list)      # response index of each turn's last action token
+    turn_rewards: list[float] = field(default_factory=list)  # the environment's reward of each turn
+    env_reward: float | None = None   # the environment's total reward (None: no environment)
+    env_error: str | None = None      # why the environment failed for this sample (it is then invalid)
+    score: float | None = None        # what dynamic filtering compares (None: the reward)
+    extra_logs: dict = field(default_factory=dict)          # the environment's last extra_logs
 
     @property
     def uid(self) -> tuple[int, int]:
         """The sample's id within its step: (group, index in the group)."""
         return self.prompt_index, self.sample_index
+
+    @property
+    def loss_mask(self) -> list[float]:
+        """1.0 on the response tokens that carry loss (the sampled ones), 0.0 on the others."""
+        if self.action_mask is None:
+            return [1.0] * len(self.response_ids)
+        return [float(m) for m in self.action_mask]
+
+    @property
+    def action_length(self) -> int:
+        """Sampled tokens in the response (what response_length counts)."""
+        return len(self.response_ids) if self.action_mask is None else sum(self.action_mask)
+
+    def intermediate_rewards(self) -> list[float]:
+        """Per response token: each turn's reward on its last action token, for every turn but the last (whose
+        reward is in the sample's scalar reward with the rest of the total); zeros for single-turn samples."""
+        out = [0.0] * len(self.response_ids)
+        for end, r in zip(self.turn_ends[:-1], self.turn_rewards[:-1]):
+            out[end] += r
+        return out
 
 
 def shard_groups(samples: list[Experience], n_ranks: int, index: int) -> list[Experience]:
@@ -67,7 +96,7 @@ def collate(samples: list[Experience], pad_id: int, device: torch.device | str =
         p, r = len(s.prompt_ids), len(s.response_ids)
         index[b, :r] = torch.arange(p - 1, p - 1 + r)
         tokens[b, :r] = torch.tensor(s.response_ids)
-        mask[b, :r] = 1.0
+        mask[b, :r] = torch.tensor(s.loss_mask)
     pos = (att.cumsum(1) - 1).clamp(min=0)
     return RLBatch(ids.to(device), att.to(device), pos.to(device), index.to(device), tokens.to(device), mask.to(device))
 

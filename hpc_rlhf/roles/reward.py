@@ -31,6 +31,15 @@ def _on_text(source) -> Callable[[list[Experience]], RewardBatch]:
     return score
 
 
+def _from_environment(samples: list[Experience]) -> RewardBatch:
+    """The environment's total reward (agents/): a sample whose environment failed is invalid."""
+    valid = [s.env_error is None and s.env_reward is not None for s in samples]
+    failures = float(sum(not v for v in valid))
+    return RewardBatch([s.env_reward if v else float("nan") for s, v in zip(samples, valid)], valid,
+                       extra={"reward/env/failures": failures} if failures else {},
+                       errors=[s.env_error for s in samples if s.env_error])
+
+
 class RewardRole:
     def __init__(self, cfg: RLConfig, device):
         r = cfg.reward
@@ -47,6 +56,8 @@ class RewardRole:
             self.sources.append(("remote", _on_text(RemoteReward(r.remote_rm_url, token=token,
                                                                  timeout_s=r.reward_timeout_s,
                                                                  batch_size=r.reward_batch_size))))
+        if cfg.agent.agent_func_path:
+            self.sources.append(("environment", _from_environment))
         self.weights = r.reward_weights or [1.0] * len(self.sources)
         if len(self.weights) != len(self.sources):
             raise ValueError(f"reward.reward_weights has {len(self.weights)} values for {len(self.sources)} "
@@ -63,7 +74,7 @@ class RewardRole:
         rewards = batch.rewards.clone()
         r = self.cfg.reward
         if r.overlong_buffer_len:
-            lengths = torch.tensor([len(s.response_ids) for s in samples])
+            lengths = torch.tensor([s.action_length for s in samples])
             rewards = rewards + overlong_penalty(lengths, self.cfg.rollout.generate_max_len, r.overlong_buffer_len,
                                                  r.overlong_penalty_factor)
         if r.truncated_reward is not None:
@@ -73,3 +84,10 @@ class RewardRole:
             rewards = clip_rewards(rewards, *r.reward_clip_range)
         predictions = batch.predictions if batch.predictions is not None else [None] * len(samples)
         return rewards.tolist(), batch.valid.tolist(), dict(batch.extra), list(predictions)
+
+def environment_weight(cfg: RLConfig) -> float:
+    """The weight of the environment's reward in the combined reward (0 without an environment): the last of
+    reward.reward_weights when given (the sources' order is model, function, remote, environment), else 1."""
+    if not cfg.agent.agent_func_path:
+        return 0.0
+    return float(cfg.reward.reward_weights[-1]) if cfg.reward.reward_weights else 1.0

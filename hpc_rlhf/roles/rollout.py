@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from transformers import GenerationConfig
 
+from ..agents import Request, make_executor
 from ..config.rl import RLConfig
 from ..data.prompts import Prompt
 from ..engines.factory import make_engine as build
@@ -37,15 +38,19 @@ class Rollout:
         self.params = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                      max_new_tokens=r.generate_max_len,
                                      stop_token_ids=stop_token_ids(cfg.model.pretrain, tokenizer))
+        self.executor = make_executor(cfg.agent, tokenizer, self.params.stop_token_ids)
 
     def generate(self, prompts: list[tuple[int, Prompt]], step: int, n: int, params: SamplingParams | None = None,
                  salt: int = 0) -> list[Experience]:
-        """n samples for each (prompt_index, prompt); seeds from (seed, step, prompt, sample)."""
-        params = params or self.params
+        """n samples for each (prompt_index, prompt) by the executor (single- or multi-turn); seeds from (seed,
+        step, prompt, sample)."""
         flat = [(i, p, k) for i, p in prompts for k in range(n)]
-        seeds = [sample_seed(self.cfg.train.seed + salt, step, i, k) for i, _, k in flat]
-        outs = self.engine.generate([p.prompt_ids for _, p, _ in flat], params, seeds) if flat else []
-        return [Experience(prompt_index=i, sample_index=k, prompt_ids=list(p.prompt_ids), response_ids=o.token_ids,
-                           engine_logprobs=o.logprobs, finish_reason=o.finish_reason, prompt_text=p.text,
-                           response_text=self.tokenizer.decode(o.token_ids, skip_special_tokens=True),
-                           label=p.label) for (i, p, k), o in zip(flat, outs)]
+        requests = [Request(p.prompt_ids, p.text, p.label, sample_seed(self.cfg.train.seed + salt, step, i, k))
+                    for i, p, k in flat]
+        outs = self.executor.run(self.engine, requests, params or self.params)
+        return [Experience(prompt_index=i, sample_index=k, prompt_ids=t.prompt_ids, response_ids=t.response_ids,
+                           engine_logprobs=t.logprobs, finish_reason=t.finish_reason, prompt_text=p.text,
+                           response_text=self.tokenizer.decode(t.response_ids, skip_special_tokens=True),
+                           label=p.label, action_mask=t.action_mask, turn_ends=t.turn_ends,
+                           turn_rewards=t.turn_rewards, env_reward=t.reward, env_error=t.error, score=t.score,
+                           extra_logs=t.extra_logs) for (i, p, k), t in zip(flat, outs)]

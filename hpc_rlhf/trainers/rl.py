@@ -44,6 +44,7 @@ from ..distributed.preemption import StopRequest
 from ..models.loading import load_tokenizer, resolve_pretrained
 from ..rewards.shaping import RunningMoments, normalize_rewards
 from ..roles import build_roles
+from ..roles.reward import environment_weight
 from ..roles.experience import Experience, padded, shard_groups, unpadded
 from ..roles.sync import WeightSync
 from .lifecycle import resume, run_in_roles
@@ -157,17 +158,22 @@ class RLRun:
             valid = torch.tensor([s.reward_valid for s in samples])  # invalid samples: nan, then reward 0
             rewards = normalize_rewards(rewards, self.reward_moments, valid).nan_to_num(0.0)  # moments updated
         reward_of = {s.uid: float(r) for s, r in zip(samples, rewards)}
+        # multi-turn: each turn's environment reward on its last action token (the scalar keeps the rest of the
+        # total); with normalize_reward the normalised total stays whole on the last token
+        turn_weight = 0.0 if self.cfg.reward.normalize_reward else environment_weight(self.cfg)
 
         def compute(shard: list[Experience]) -> list:
             R = max(len(s.response_ids) for s in shard)
-            mask = padded([[1.0] * len(s.response_ids) for s in shard], R)
+            mask = padded([s.loss_mask for s in shard], R)
             valid = torch.tensor([s.reward_valid for s in shard])
             mask = mask * valid[:, None]
+            turn_rewards = padded([[turn_weight * r for r in s.intermediate_rewards()] for s in shard], R) * mask
+            scalar = torch.tensor([reward_of[s.uid] for s in shard]) - turn_rewards.sum(1)
             rows = {k: [getattr(s, k) for s in shard] for k in ("old_logprobs", "ref_logprobs", "values")}
             old, ref, values = (padded(v, R) if v[0] is not None else None for v in rows.values())
-            adv, ret, kl = self.algo.advantages(torch.tensor([reward_of[s.uid] for s in shard]), mask,
-                                                torch.tensor([s.prompt_index for s in shard]), old, ref, values,
-                                                all_reduce=sum_over_ranks, valid=valid)
+            adv, ret, kl = self.algo.advantages(scalar, mask, torch.tensor([s.prompt_index for s in shard]), old,
+                                                ref, values, all_reduce=sum_over_ranks, valid=valid,
+                                                turn_rewards=turn_rewards)
             for s, a in zip(shard, unpadded(adv, shard)):
                 s.advantages = a
             stats = sum_over_ranks(torch.tensor([float((kl * mask).sum()), float(mask.sum()),
@@ -197,13 +203,14 @@ class RLRun:
         merged.update(m)
         self.algo.update_kl(merged, len(samples))
         raw = [s.reward for s in samples if s.reward_valid]
-        lengths = [len(s.response_ids) for s in samples]
+        lengths = [s.action_length for s in samples]
         merged.update({
             "reward/mean": sum(raw) / max(len(raw), 1),
             "reward/invalid": float(sum(not s.reward_valid for s in samples)),
             **invalid_group_counts(samples, self.algo.estimator.uses_groups),
             "response_length/mean": sum(lengths) / len(lengths),
             "response_length/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
+            **agent_metrics(samples),
             "rollout/policy_lag": sum(step - s.policy_step for s in samples) / len(samples),
             "kl_coef": self.algo.kl_ctl.value, "time/step_s": time.time() - t0,
         })
@@ -270,6 +277,22 @@ class RLRun:
         if self.cfg.train.async_train:
             self.collector.ahead.load(state.get("rank_state"))
         return state["step"]
+
+
+def agent_metrics(samples: list[Experience]) -> dict[str, float]:
+    """Multi-turn samples (agents/): ``rollout/truncated`` (the fraction a limit cut), ``rollout/turns``
+    (mean turns), ``rollout/env_failures`` and the means of the environment's ``extra_logs`` as
+    ``agent/KEY``; nothing for single-turn samples."""
+    if not samples or all(s.action_mask is None for s in samples):
+        return {}
+    out = {"rollout/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
+           "rollout/turns": sum(max(len(s.turn_ends), 1) for s in samples) / len(samples),
+           "rollout/env_failures": float(sum(s.env_error is not None for s in samples))}
+    keys = sorted({k for s in samples for k in s.extra_logs})
+    for k in keys:
+        values = [s.extra_logs[k] for s in samples if k in s.extra_logs]
+        out[f"agent/{k}"] = sum(values) / len(values)
+    return out
 
 
 def invalid_group_counts(samples: list[Experience], uses_groups: bool) -> dict[str, float]:

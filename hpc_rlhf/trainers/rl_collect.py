@@ -151,7 +151,9 @@ class Collector:
                 return samples, metrics
             for g in sorted({s.prompt_index for s in samples}):
                 group = [s for s in samples if s.prompt_index == g]
-                rewards = [s.reward for s in group if s.reward_valid]  # fewer than two: no advantage either
+                # the environment's scores where it gives them (agents/), else the rewards; fewer than two valid
+                # samples: no advantage either
+                rewards = [s.reward if s.score is None else s.score for s in group if s.reward_valid]
                 (kept if len(rewards) > 1 and max(rewards) - min(rewards) > 1e-6 else dropped).extend(group)
             if len(kept) // n >= B:
                 break
