@@ -49,7 +49,7 @@ from ..roles.experience import Experience, padded, shard_groups, unpadded
 from ..roles.sync import WeightSync
 from .lifecycle import resume, run_in_roles
 from .loop import StepBoundary, run_steps
-from .rl_collect import Collector, PromptSchedule
+from .rl_collect import Collector, PromptSchedule, agent_metrics
 
 log = logging.getLogger("hpc_rlhf.rl")
 
@@ -277,22 +277,6 @@ class RLRun:
         if self.cfg.train.async_train:
             self.collector.ahead.load(state.get("rank_state"))
         return state["step"]
-
-
-def agent_metrics(samples: list[Experience]) -> dict[str, float]:
-    """Multi-turn samples (agents/): ``rollout/truncated`` (the fraction a limit cut), ``rollout/turns``
-    (mean turns), ``rollout/env_failures`` and the means of the environment's ``extra_logs`` as
-    ``agent/KEY``; nothing for single-turn samples."""
-    if not samples or all(s.action_mask is None for s in samples):
-        return {}
-    out = {"rollout/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
-           "rollout/turns": sum(max(len(s.turn_ends), 1) for s in samples) / len(samples),
-           "rollout/env_failures": float(sum(s.env_error is not None for s in samples))}
-    keys = sorted({k for s in samples for k in s.extra_logs})
-    for k in keys:
-        values = [s.extra_logs[k] for s in samples if k in s.extra_logs]
-        out[f"agent/{k}"] = sum(values) / len(values)
-    return out
 
 
 def invalid_group_counts(samples: list[Experience], uses_groups: bool) -> dict[str, float]:

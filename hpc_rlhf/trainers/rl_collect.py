@@ -181,6 +181,7 @@ class Collector:
                                   for s in samples], e.eval_n_samples_per_prompt, e.correct_threshold)
             report.update({f"eval/{k}": v for k, v in extra.items()
                            if not k.endswith(("failures", "batches", "time_s"))})
+            report.update({f"eval/{k}": v for k, v in agent_metrics(samples).items()})
             report.update({"eval/samples": float(len(samples)), "time/eval_generate_s": t1 - t0,
                            "time/eval_score_s": time.time() - t1})
         report = next(r for r in self.ctx.control.all_gather_object(report) if r is not None)
@@ -199,6 +200,22 @@ class Collector:
         for s in out:
             s.policy_step = self.policy_step
         return out
+
+
+def agent_metrics(samples: list[Experience]) -> dict[str, float]:
+    """Multi-turn samples (agents/): ``rollout/truncated`` (the fraction a limit cut), ``rollout/turns``
+    (mean turns), ``rollout/env_failures`` and the means of the environment's ``extra_logs`` as
+    ``agent/KEY``; nothing for single-turn samples."""
+    if not samples or all(s.action_mask is None for s in samples):
+        return {}
+    out = {"rollout/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
+           "rollout/turns": sum(max(len(s.turn_ends), 1) for s in samples) / len(samples),
+           "rollout/env_failures": float(sum(s.env_error is not None for s in samples))}
+    keys = sorted({k for s in samples for k in s.extra_logs})
+    for k in keys:
+        values = [s.extra_logs[k] for s in samples if k in s.extra_logs]
+        out[f"agent/{k}"] = sum(values) / len(values)
+    return out
 
 
 def _summed(parts) -> dict[str, float]:
