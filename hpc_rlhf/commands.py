@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pathlib import Path
 
+from .agents import AgentFileError, load_agent
 from .checkpoint.existing import choose
 from .config import ConfigError, dump_yaml, reference
 from .config import load_config as parse_config
@@ -96,7 +97,8 @@ def _check_file(path: str) -> None:
                                 else f"file {path} does not exist")
 
 
-_CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": check_source, "reward": check_reward_source}
+_CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": check_source, "reward": check_reward_source,
+           "agent": load_agent}
 
 
 def check_inputs(cfg) -> None:
@@ -109,7 +111,7 @@ def check_inputs(cfg) -> None:
         for item in value if isinstance(value, list) else [value]:
             try:
                 check(item)
-            except (FileNotFoundError, HubOfflineError, DataError, RewardFileError) as e:
+            except (FileNotFoundError, HubOfflineError, DataError, RewardFileError, AgentFileError) as e:
                 raise ConfigError(f"{key}: {e}") from None
 
 

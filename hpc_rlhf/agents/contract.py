@@ -107,7 +107,7 @@ def load_agent(path: str) -> tuple[Callable[[], Episode], str]:
     """(a factory of fresh episodes, the form's name: "openrlhf" or "simple") for the agent file."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise AgentFileError(f"agent.agent_func_path={path}: no such file")
+        raise AgentFileError(f"{path}: no such file")
     name = f"hpc_rlhf_agent_{abs(hash(str(file.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
@@ -115,7 +115,7 @@ def load_agent(path: str) -> tuple[Callable[[], Episode], str]:
     try:
         spec.loader.exec_module(module)
     except Exception as e:
-        raise AgentFileError(f"agent.agent_func_path={path}: importing it failed: {type(e).__name__}: {e}") from e
+        raise AgentFileError(f"{path}: importing it failed: {type(e).__name__}: {e}") from e
     executor = getattr(module, "AgentExecutor", None)
     if inspect.isclass(executor) and issubclass(executor, MultiTurnAgentExecutor):
         cls = executor().agent_instance_cls
@@ -126,7 +126,7 @@ def load_agent(path: str) -> tuple[Callable[[], Episode], str]:
     env = getattr(module, "Environment", None)
     if inspect.isclass(env) and callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
         return (lambda: _Simple(env())), "simple"
-    raise AgentFileError(f"agent.agent_func_path={path} defines no environment: it needs class AgentExecutor("
+    raise AgentFileError(f"{path} defines no environment: it needs class AgentExecutor("
                          f"MultiTurnAgentExecutor) (or class AgentInstance) with reset/step taking dicts, or class "
                          f"Environment with reset(prompt, label) -> str and step(action) -> (feedback, reward, "
                          f"done) (docs/agents.md)")

@@ -96,7 +96,7 @@ def require_reward_source(reward: RewardConfig, agent: "AgentConfig") -> None:
 @dataclass
 class AgentConfig:
     """Multi-turn rollouts: an environment steps after every generation (docs/agents.md)."""
-    agent_func_path: str | None = field(None, path="file", help="Python file defining the environment (OpenRLHF's "
+    agent_func_path: str | None = field(None, path="agent", help="Python file defining the environment (OpenRLHF's "
                                                                 "AgentExecutor/AgentInstance, or a class Environment "
                                                                 "with reset(prompt, label) and step(action)); null: "
                                                                 "single-turn generation")
