@@ -263,6 +263,17 @@ class RLConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig, help="SLURM job: resources per role, preemption, "
                                                                "requeue")
 
+    def sequence_len(self) -> int:
+        """Tokens of one sample at most: prompt + response, or the multi-turn context budget."""
+        if self.agent.agent_func_path:
+            return self.agent.max_context_len
+        return self.data.prompt_max_len + self.rollout.generate_max_len
+
+    def max_action_tokens(self) -> int:
+        """Sampled tokens of one sample at most (Dr. GRPO's constant divisor)."""
+        g = self.rollout.generate_max_len
+        return min(g * self.agent.max_turns, self.agent.max_context_len) if self.agent.agent_func_path else g
+
     def validate(self) -> None:
         require_reward_source(self.reward, self.agent)
         n = self.rollout.n_samples_per_prompt

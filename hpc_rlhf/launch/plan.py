@@ -35,7 +35,7 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
                 path = getattr(objective, attr) or m.pretrain
                 out[role] = memory.frozen(actor if path == m.pretrain else memory.model_shape(path), m.param_dtype)
         return out
-    seq = cfg.data.prompt_max_len + cfg.rollout.generate_max_len
+    seq = cfg.sequence_len()
     out = {}
     for role in ("actor", "critic"):
         if plan.has(role):

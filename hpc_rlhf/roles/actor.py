@@ -66,7 +66,7 @@ class Actor:
         for micro in optimizer_steps(samples, per_rank, t.micro_train_batch_size, t.max_epochs,
                                      t.seed + step, self.pad_id, self.device):
             history.append(run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size,
-                                              float(self.cfg.rollout.generate_max_len)))
+                                              float(self.cfg.max_action_tokens())))
         out = {f"actor/{k}": sum(h[k] for h in history) / len(history) for k in history[0]}
         out["actor/mismatch/max_abs_diff"] = self._mismatch_max  # a max over the call, not a mean of maxima
         out["actor/lr"] = self.engine.get_lr()[0]
