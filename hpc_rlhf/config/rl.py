@@ -276,6 +276,12 @@ class RLConfig:
 
     def validate(self) -> None:
         require_reward_source(self.reward, self.agent)
+        m = self.rollout.vllm_max_model_len
+        if self.agent.agent_func_path and self.rollout.engine == "vllm" and m is not None \
+                and m < self.agent.max_context_len:
+            raise ConfigError(f"rollout.vllm_max_model_len={m} is below agent.max_context_len="
+                              f"{self.agent.max_context_len}: a trajectory's context must fit the vLLM engine; "
+                              f"raise vllm_max_model_len or lower max_context_len")
         n = self.rollout.n_samples_per_prompt
         if (self.rollout.rollout_batch_size * n) % self.train.train_batch_size:
             raise ConfigError(f"rollout_batch_size x n_samples_per_prompt = {self.rollout.rollout_batch_size * n} "
