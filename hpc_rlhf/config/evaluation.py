@@ -8,29 +8,20 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from .base import ConfigError, field
-from .rl import (AgentConfig, EvalConfig, EvalSamplingConfig, PlacementConfig, PromptDataConfig, RewardConfig, RLConfig,
-                 RLTrainConfig, RolloutConfig, require_reward_source)
+from .rl import (AgentConfig, EvalConfig, EvalSamplingConfig, PlacementConfig, PromptDataConfig, PromptFormat,
+                 RewardConfig, RLConfig, RLTrainConfig, RolloutConfig, require_reward_source)
 from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig
 from .slurm import SlurmConfig
 
 
-@dataclass
-class EvalDataConfig:
+@dataclass(kw_only=True)
+class EvalDataConfig(PromptFormat):
     eval_prompt_data: list[str] = field(path="data", help="eval prompt sources (json/jsonl/parquet/csv/arrow files, "
                                                           "save_to_disk folders, hub names); metrics per source "
                                                           "are keyed by its file stem")
-    prompt_split: str = field("train", help="split read from sources that have several")
     max_eval_prompts: int | None = field(None, ge=1, help="cap on eval prompts (a seeded random subset)")
-    input_key: str = field("input", help="column holding the prompt (a messages list with apply_chat_template)")
-    label_key: str | None = field("label", help="column passed to reward functions as the label (null: none)")
-    input_template: str | None = field(None, help="format string with one {} for the prompt")
-    apply_chat_template: bool = field(False, help="render prompts with the tokenizer's chat template and a "
-                                                  "generation prompt")
-    prompt_max_len: int = field(1024, ge=1, help="prompts longer than this (tokens) are bad rows")
-    bad_rows: Literal["skip", "error"] = field("skip", help="skip (and report) or stop on a bad row")
 
     def validate(self) -> None:
         if not self.eval_prompt_data:
@@ -76,11 +67,9 @@ class EvalRunConfig:
         """The RL run whose eval this command is: eval_only, the eval prompts as its (unused) training prompts,
         no checkpoints and no TensorBoard in output_path."""
         d, p = self.data, self.placement
-        data = PromptDataConfig(prompt_data=list(d.eval_prompt_data), prompt_split=d.prompt_split,
-                                eval_prompt_data=list(d.eval_prompt_data), max_eval_prompts=d.max_eval_prompts,
-                                input_key=d.input_key, label_key=d.label_key, input_template=d.input_template,
-                                apply_chat_template=d.apply_chat_template, prompt_max_len=d.prompt_max_len,
-                                bad_rows=d.bad_rows)
+        fmt = {f.name: getattr(d, f.name) for f in dataclasses.fields(PromptFormat)}
+        data = PromptDataConfig(prompt_data=list(d.eval_prompt_data), eval_prompt_data=list(d.eval_prompt_data),
+                                max_eval_prompts=d.max_eval_prompts, **fmt)
         sampling = {f.name: getattr(self.eval, f.name) for f in dataclasses.fields(EvalSamplingConfig)}
         placement = PlacementConfig(rollout_num_ranks=p.rollout_num_ranks, reward_num_ranks=p.reward_num_ranks,
                                     colocate_all=p.colocate_reward, collective_timeout_s=p.collective_timeout_s,

@@ -11,24 +11,29 @@ from .sections import CheckpointConfig, EngineOptions, LaunchConfig, LogConfig, 
 from .slurm import SlurmConfig
 
 
-@dataclass
-class PromptDataConfig:
-    prompt_data: list[str] = field(path="data", help="prompt data sources (same formats as SFT datasets)")
-    prompt_data_probs: list[float] | None = field(None, ge=0, help="mixing probabilities, one per source")
+@dataclass(kw_only=True)
+class PromptFormat:
+    """How prompt rows become prompts: shared by `train rl` and `hpc-rlhf eval`."""
     prompt_split: str = field("train", help="split read from sources that have several")
-    eval_prompt_data: list[str] | None = field(None, path="data", help="held-out prompts: sampled as the eval.* "
-                                                                       "options say, scored by the reward sources, "
-                                                                       "pass@k and the rest logged every eval_steps "
-                                                                       "and at the end (docs/eval.md)")
-    max_eval_prompts: int | None = field(None, ge=1, help="cap on eval prompts")
     input_key: str = field("input", help="column holding the prompt (a messages list with apply_chat_template)")
     label_key: str | None = field("label", help="column passed to reward functions as the label (null: none)")
     input_template: str | None = field(None, help="format string with one {} for the prompt")
     apply_chat_template: bool = field(False, help="render prompts with the tokenizer's chat template and a "
                                                   "generation prompt")
     prompt_max_len: int = field(1024, ge=1, help="prompts longer than this (tokens) are bad rows")
-    max_samples: int | None = field(None, ge=1, help="cap on prompts")
     bad_rows: Literal["skip", "error"] = field("skip", help="skip (and report) or stop on a bad row")
+
+
+@dataclass(kw_only=True)
+class PromptDataConfig(PromptFormat):
+    prompt_data: list[str] = field(path="data", help="prompt data sources (same formats as SFT datasets)")
+    prompt_data_probs: list[float] | None = field(None, ge=0, help="mixing probabilities, one per source")
+    eval_prompt_data: list[str] | None = field(None, path="data", help="held-out prompts: sampled as the eval.* "
+                                                                       "options say, scored by the reward sources, "
+                                                                       "pass@k and the rest logged every eval_steps "
+                                                                       "and at the end (docs/eval.md)")
+    max_eval_prompts: int | None = field(None, ge=1, help="cap on eval prompts")
+    max_samples: int | None = field(None, ge=1, help="cap on prompts")
 
     def validate(self) -> None:
         if not self.prompt_data:
