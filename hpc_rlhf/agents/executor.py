@@ -187,10 +187,7 @@ class MultiTurnExecutor(Executor):
             if not live:
                 break
             self._generate(engine, live, turn)
-            await asyncio.gather(*(self._step(s, pool) for s in live))
-        for s in states:
-            if not s.done:  # max_turns reached with the environment still going
-                s.traj.finish_reason = FINISH_LENGTH
+            await asyncio.gather(*(self._step(s, pool, turn == self.limits.max_turns - 1) for s in live))
         return [s.traj for s in states]
 
     async def _call(self, episode: Episode, method: str, pool, *args):
@@ -248,7 +245,7 @@ class MultiTurnExecutor(Executor):
                 s.context += o.token_ids
                 s.last_action = list(o.token_ids)
 
-    async def _step(self, s: _State, pool) -> None:
+    async def _step(self, s: _State, pool, last_turn: bool) -> None:
         t = s.traj
         action_text = self.decode(s.last_action)
         try:
@@ -266,7 +263,9 @@ class MultiTurnExecutor(Executor):
         if res.done:
             s.done = True
             return
-        if len(s.context) >= self.limits.max_context_len:  # no room for feedback and another action
+        # max_turns reached with the environment still going (no feedback: it would carry no loss and read as
+        # part of the answer), or no room for feedback and another action
+        if last_turn or len(s.context) >= self.limits.max_context_len:
             t.finish_reason, s.done = FINISH_LENGTH, True
             return
         ids = self.feedback.tokens(res.feedback, s.last_action)
