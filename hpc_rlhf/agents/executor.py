@@ -332,9 +332,9 @@ def merge_params(params: SamplingParams, new) -> SamplingParams:
         return dataclasses.replace(new, stop_token_ids=new.stop_token_ids or params.stop_token_ids)
     items = new.items() if isinstance(new, dict) else ((k, getattr(new, k, None)) for k in _PARAM_NAMES)
     changes = {_PARAM_NAMES[k]: v for k, v in items if k in _PARAM_NAMES and v is not None}
-    if changes.get("top_k", 0) < 0:  # vLLM's "off" is -1, ours 0
-        changes["top_k"] = 0
     try:
+        if changes.get("top_k", 0) < 0:  # vLLM's "off" is -1, ours 0
+            changes["top_k"] = 0
         return dataclasses.replace(params, **changes)
     except (TypeError, ValueError) as e:
         raise EnvFailure("malformed", f"sampling_params: {e}") from None
