@@ -118,7 +118,10 @@ def load_agent(path: str) -> tuple[Callable[[], Episode], str]:
         raise AgentFileError(f"{path}: importing it failed: {type(e).__name__}: {e}") from e
     executor = getattr(module, "AgentExecutor", None)
     if inspect.isclass(executor) and issubclass(executor, MultiTurnAgentExecutor):
-        cls = executor().agent_instance_cls
+        try:
+            cls = executor().agent_instance_cls
+        except Exception as e:
+            raise AgentFileError(f"{path}: AgentExecutor() failed: {type(e).__name__}: {e}") from e
     else:
         cls = getattr(module, "AgentInstance", None)
     if inspect.isclass(cls):
