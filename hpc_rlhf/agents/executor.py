@@ -219,6 +219,8 @@ class MultiTurnExecutor(Executor):
             return self._fail(s, e)
         if obs != s.request.prompt_text:  # the environment rewrote the prompt: its text, tokenized on its own
             s.context = self.encode(obs)
+            if not s.context:  # the engine needs a token to start from
+                return self._fail(s, EnvFailure("malformed", "reset returned an empty observation"))
             s.traj.prompt_ids = list(s.context)
             s.observation = obs
         if len(s.context) >= self.limits.max_context_len:
@@ -301,14 +303,19 @@ def parse_step_result(res) -> StepResult:
     if missing:
         raise EnvFailure("malformed", f"step's dict lacks {', '.join(missing)} (it has {', '.join(sorted(res))})")
     done = res["done"]
-    done = bool(done.item() if hasattr(done, "item") else done)
+    try:
+        done = bool(done.item() if hasattr(done, "item") else done)
+    except (RuntimeError, ValueError):  # a tensor or array of several elements
+        raise EnvFailure("malformed", f"done must be a bool (or a one-element tensor), got {done!r:.200}") from None
     feedback = res.get("environment_feedback", "")
     if feedback is None:
         feedback = ""
-    if not isinstance(feedback, str):
-        raise EnvFailure("malformed", f"environment_feedback must be a str, got {type(feedback).__name__}")
-    if not done and "environment_feedback" not in res:
+    if done:  # the final feedback is never appended, so its type does not matter
+        feedback = feedback if isinstance(feedback, str) else ""
+    elif "environment_feedback" not in res:
         raise EnvFailure("malformed", "step's dict lacks environment_feedback while done is false")
+    elif not isinstance(feedback, str):
+        raise EnvFailure("malformed", f"environment_feedback must be a str, got {type(feedback).__name__}")
     score = res.get("scores")
     extra = {}
     for k, v in (res.get("extra_logs") or {}).items():
