@@ -14,6 +14,7 @@ import re
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -221,8 +222,8 @@ def test_sampled_ids_are_kept_where_retokenizing_would_merge_them(agent):
     engine = FakeEngine([[a, b, end], [b, a, end]])
     feedback = env(step=lambda self, s: {"rewards": 0.0, "environment_feedback": s["action_text"],
                                          "done": s["action_text"] == "ba"})
-    [t] = agent(feedback, tok=tok, stop=[end]).run(engine, [Request(q, "Q", None, 0)],
-                                       dataclasses.replace(PARAMS, stop_token_ids=[end]))
+    ex = agent(feedback, tok=tok, stop=[end])
+    [t] = ex.run(engine, [Request(q, "Q", None, 0)], dataclasses.replace(PARAMS, stop_token_ids=[end]))
     assert [s["action_text"] for s in agent.log] == ["ab", "ba"]
     assert engine.calls[1].contexts == [q + [a, b, end, ab]]  # the action as sampled, the feedback on its own
     assert t.response_ids == [a, b, end, ab, b, a, end] and t.action_mask == [1, 1, 1, 0, 1, 1, 1]
@@ -250,9 +251,8 @@ def test_the_final_turn_decides_stop_or_length(agent, script, finish):
 def test_context_budget_caps_each_turn_and_ends_the_trajectory(agent):
     # prompt 2 + action 3 + feedback 1 = 6 of 9: turn 1 may sample 3 tokens; at 9 the trajectory ends
     engine = FakeEngine([B("xx") + [EOS, IM_END], B("yyyyyyy")])
-    [t] = agent(env(done_after(99), step=lambda self, s: {"rewards": 1.0, "environment_feedback": "!",
-                                                          "done": False}),
-                max_context_len=9).run(engine, requests("L"), PARAMS)
+    never_done = env(step=lambda self, s: {"rewards": 1.0, "environment_feedback": "!", "done": False})
+    [t] = agent(never_done, max_context_len=9).run(engine, requests("L"), PARAMS)
     assert [c.params.max_new_tokens for c in engine.calls] == [4, 3]
     assert [c.params for c in engine.calls] == [PARAMS, dataclasses.replace(PARAMS, max_new_tokens=3)]
     assert t == action_traj("Q?", [B("xx") + [EOS], B("yyy")], ["!"], finish="length", rewards=[1.0, 1.0])
@@ -502,6 +502,19 @@ def test_both_forms_give_the_same_trajectories(tmp_path, form):
               action_traj("Q?", answers, [" no1 ", " no2 "], rewards=[0.0, 0.0, 1 / 3]),
               action_traj("Q?", answers, [" no1 ", " no2 "], rewards=[0.0, 0.0, 0.0])]
     assert out == expect
+
+
+@pytest.mark.parametrize("marker,feedback,logs", [("class AgentInstance", "\nWrong, try again: ", {"tries": 2.0}),
+                                                 ("class Environment", "Wrong, try again.", {})])
+def test_the_examples_of_docs_agents_md_run(tmp_path, marker, feedback, logs):
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "agents.md").read_text()
+    [source] = [b for b in re.findall(r"```python\n(.*?)```", docs, re.S) if marker in b]
+    path = tmp_path / "docs_env.py"
+    path.write_text(source)
+    ex = make_executor(AgentConfig(agent_func_path=str(path), feedback_template="raw"), TOK, STOP)
+    answers = [B("5") + [IM_END], B("7") + [IM_END]]
+    [t] = ex.run(FakeEngine(answers), requests("7"), PARAMS)
+    assert t == dataclasses.replace(action_traj("Q?", answers, [feedback], rewards=[0.0, 0.5]), extra_logs=logs)
 
 
 @pytest.mark.parametrize("source,message", [
