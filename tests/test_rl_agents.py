@@ -243,11 +243,8 @@ def test_mismatch_metrics_stay_at_the_single_turn_level(single_turn, multi_turn)
         for row in (s, m):
             assert row["actor/mismatch/max_abs_diff"] < 1e-5
             assert abs(row["actor/mismatch/k1"]) < 1e-6 and 0 <= row["actor/mismatch/k3"] < 1e-9
-        assert m["actor/mismatch/max_abs_diff"] <= 10 * s["actor/mismatch/max_abs_diff"] + 1e-6
-    for m in multi:
-        print("mismatch", {k: m[k] for k in m if "mismatch" in k})
-    for s in single_turn:
-        print("mismatch single", {k: s[k] for k in s if "mismatch" in k})
+    level = max(s["actor/mismatch/max_abs_diff"] for s in single_turn)
+    assert max(m["actor/mismatch/max_abs_diff"] for m in multi) <= 10 * level + 1e-6
 
 
 # ---- 2. lengths, truncation, turns, extra logs, failures -------------------------------------------------------
@@ -278,9 +275,11 @@ def test_a_run_where_most_samples_fail_stops_naming_the_limit(assets):
         _, stderr = proc.communicate(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode != 0
-    assert "6 of 8 trajectories failed in the environment" in stderr, stderr[-3000:]
-    assert "agent.max_failure_fraction=0.5" in stderr and "the sandbox is down" in stderr
+    assert proc.returncode == 2, stderr[-3000:]  # a user-side failure: one line, no traceback
+    last = stderr.strip().splitlines()[-1]
+    assert last == ("hpc-rlhf: 6 of 8 trajectories failed in the environment (more than agent.max_failure_fraction="
+                    "0.5): raised RuntimeError x6; first: raised RuntimeError: the sandbox is down"), stderr[-3000:]
+    assert "Traceback" not in stderr
     assert not (root / "mostly_failing" / "metrics.jsonl").exists() or \
         not (root / "mostly_failing" / "metrics.jsonl").read_text().strip()
 
@@ -465,4 +464,3 @@ def test_multi_turn_rl_with_vllm(tmp_path):
         assert 0 < m["response_length/mean"] <= 10
         assert m["sync/checksum_loaded/0"] == pytest.approx(m["sync/checksum_sent"], rel=1e-12)
         assert m["actor/mismatch/max_abs_diff"] < 1e-3  # fp32 both sides
-        print("vllm mismatch", {k: m[k] for k in m if "mismatch" in k})
