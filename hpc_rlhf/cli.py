@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .agents import AgentError
 from .checkpoint.store import CheckpointError
 from .commands import setup_logging
 from .config import ConfigError
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"hpc-rlhf: config error: {e}", file=sys.stderr)
         return 2
-    except (DataError, HubOfflineError, FileNotFoundError, RewardError, CheckpointError, GGUFImportError) as e:
+    except (DataError, HubOfflineError, FileNotFoundError, RewardError, AgentError, CheckpointError,
+            GGUFImportError) as e:
         print(f"hpc-rlhf: {e}", file=sys.stderr)
         return 2
 
