@@ -176,10 +176,11 @@ def _engine_class():
 def tool_user(context: str) -> str:
     """Calls the calculator on the question's expression, then answers with the result ("7*9" is answered
     "The answer is 62" without a call: a wrong guess)."""
-    results = re.findall(r"<result>([-\d.]+)</result>", context)  # (the hint shows <result>value</result>)
+    question, _, after = context.partition(calc.TOOL_HINT)  # (the hint's example has a call and a result)
+    results = re.findall(r"<result>(.*?)</result>", after)
     if results:
         return f"The answer is {results[-1]}"
-    expression = re.search(r"What is (\S+)\?", context).group(1)
+    expression = re.search(r"What is (\S+)\?", question).group(1)
     return "The answer is 62" if expression == "7*9" else f"<calc>{expression}</calc>"
 
 
@@ -317,7 +318,8 @@ def test_train_rl_runs_the_calculator_tool_with_the_transformers_engine(memorise
     cfg["data"] |= {"prompt_data": [str(data)], "input_key": "input", "label_key": "label"}
     cfg["agent"]["agent_func_path"] = str(ENV_FILE)
     cfg["rollout"] |= {"n_samples_per_prompt": 2, "rollout_batch_size": 2, "temperature": 0.0}
-    cfg["train"] |= {"train_batch_size": 4, "micro_train_batch_size": 2, "max_steps": 2}
+    cfg["train"] |= {"train_batch_size": 4, "micro_train_batch_size": 2, "max_steps": 2,
+                     "num_episodes": 2}  # the two prompts twice: a step after an update
     cfg["log"] |= {"progress_bar": "off"}
     metrics = run_rl(cfg, root, "run", timeout=300)
     assert [m["step"] for m in metrics] == [1, 2]
@@ -329,3 +331,28 @@ def test_train_rl_runs_the_calculator_tool_with_the_transformers_engine(memorise
         assert m["rollout/truncated"] == 0.0 and m["rollout/env_failures"] == 0.0
         # action tokens only: the feedback and template tokens between the turns are not counted
         assert m["response_length/mean"] == pytest.approx(sum(action_lengths) / 2)
+
+
+# ---- the example's config ----------------------------------------------------------------------------------
+
+def test_example_config_parses_and_names_the_environment(monkeypatch):
+    from hpc_rlhf.agents import load_agent
+    from hpc_rlhf.config import load_config
+    from hpc_rlhf.config.rl import RLConfig
+    monkeypatch.chdir(ROOT)  # its paths are relative to the repository root
+    cfg = load_config(RLConfig, EXAMPLE / "config.yaml")
+    assert Path(cfg.agent.agent_func_path).resolve() == ENV_FILE
+    assert (cfg.agent.feedback_template, cfg.data.label_key, cfg.data.apply_chat_template) == ("user_turn", "answer",
+                                                                                              True)
+    assert load_agent(cfg.agent.agent_func_path)[1] == "openrlhf"
+
+
+@pytest.mark.real
+def test_example_config_inputs_pass_preflight_with_the_real_assets(monkeypatch, real_model, asdiv):
+    from hpc_rlhf.commands import check_inputs
+    from hpc_rlhf.config import load_config
+    from hpc_rlhf.config.rl import RLConfig
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(RLConfig, EXAMPLE / "config.yaml",
+                      [f"model.pretrain={real_model}", f"data.prompt_data={asdiv / 'train.jsonl'}"])
+    check_inputs(cfg)  # the model folder, the data file and the environment file (imported)

@@ -29,8 +29,8 @@ MAX_EXPONENT = 64        # |exponent| of ** at most (an integer)
 DECIMALS = 10            # a result that is no integer is shown rounded to this many decimals
 
 # Appended to the user's message of a ChatML prompt (before any other prompt: put in front of it).
-TOOL_HINT = ("You can use a calculator: write <calc>expression</calc> (numbers, + - * / and parentheses) and "
-             "stop; the result comes back as <result>value</result>. Then give the final number.")
+TOOL_HINT = ("Use the calculator: reply with only <calc>EXPRESSION</calc> (e.g. <calc>9+6</calc>); you will then "
+             "get <result>VALUE</result>. After that, give the final number.")
 
 _CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
 _OPEN = "<calc>"
