@@ -247,6 +247,8 @@ def test_max_turns_cuts_a_trajectory_after_its_call():
                                                                                        stop_token_ids=stop))[0]
     assert (t.turns, t.turn_rewards, t.reward, t.finish_reason, t.error) == (1, [0.0], 0.0, "length", None)
     assert t.extra_logs == {"tool_calls": 1.0, "correct": 0.0}
+    assert t.response_ids == tok("<calc>37*12</calc><|im_end|>", add_special_tokens=False)["input_ids"]
+    assert t.action_mask == [1] * 19  # no feedback after the last turn allowed
 
 
 # ---- end to end: `hpc-rlhf train rl` with the transformers engine ------------------------------------------
@@ -294,18 +296,22 @@ def memorised(tmp_path_factory):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(path)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(400):
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        top2 = logits[target].topk(2, dim=-1)
-        right = logits[target].gather(-1, labels[target][:, None])[:, 0]
-        margin = torch.where(top2.indices[:, 0] == labels[target], right - top2.values[:, 1],
-                             right - top2.values[:, 0])
-        if margin.min() > 3.0:  # every action token is the argmax by a wide margin: greedy decoding repeats it
-            break
-        loss = torch.nn.functional.cross_entropy(logits[target], labels[target])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    # one thread: ~63 small steps take 3 s on a loaded 2-core machine, and 75-90 s with two threads contending
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(400):
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1][target]
+            right = logits.gather(-1, labels[target][:, None])[:, 0]
+            margin = right - logits.scatter(-1, labels[target][:, None], float("-inf")).max(-1).values
+            if margin.min() > 3.0:  # every action token is the argmax by a wide margin: greedy decoding repeats it
+                break
+            loss = torch.nn.functional.cross_entropy(logits, labels[target])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
     assert margin.min() > 3.0, f"the tiny model did not memorise the trajectories (margin {margin.min():.2f})"
     model.save_pretrained(path)
     return root, path, data, [t.action_mask.count(1) for t in trajs]
