@@ -196,6 +196,24 @@ def test_a_damaged_newest_checkpoint_and_an_unfinished_save(tmp_path):
     assert "progress    step 6 of ?\n" in text and "speed       no step timed yet" in text
 
 
+def test_a_run_without_attempt_record(tmp_path):
+    """A run of an older version: steps and the step time metric from metrics.jsonl, the checkpoint from the
+    exported config; job, attempts and state unknown."""
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    run.mkdir()
+    write_metrics(run, [2, 4, 6], T0, step_time_s=0.5)
+    (run / "hpc_rlhf_config.yaml").write_text(yaml.safe_dump({"ckpt": {"ckpt_path": str(ckpt)}}))
+    commit(ckpt, 4, T0)
+    s = st.run_status(run, squeue=no_squeue, now=T0 + 5)
+    assert (s["state"], s["running"], s["attempts"], s["last_step"], s["total_steps"]) == ("unknown", None, [], 6,
+                                                                                          None)
+    assert s["checkpoint"]["newest"]["step"] == 4
+    assert (s["time_per_step_s"], s["time_per_step_from"]) == (0.5, "mean step_time_s of the last 3 logged rows")
+    assert s["notes"] == ["no attempts.jsonl: a run of an older version; job, attempts and state are unknown"]
+    text = st.render(s)
+    assert "progress    step 6 of ?" in text and "attempts    none recorded" in text
+
+
 @pytest.mark.parametrize("line, is_error", [
     ("12:00:01 [rank 0] ERROR hpc_rlhf.x: boom", True),
     ("12:00:01 [rank 3] CRITICAL hpc_rlhf.x: boom", True),
@@ -372,3 +390,92 @@ def test_sft_run_stopped_by_sigterm_and_resumed(tmp_path):
         (0, step, a["exit"]), (step, 4, "finished")]
     assert done["time_per_step_s"] > 0 and done["time_per_step_from"].startswith("wall clock of attempt 2")
     print("\n" + st.render(done))
+
+
+@pytest.mark.slow  # about 60-90 s: three ranks, twice
+def test_rl_run_on_three_ranks_stopped_and_resumed(tmp_path):
+    """`train rl` under the local launcher: SIGTERM to the launcher reaches every rank; rank 0 records the stop
+    with the step the ranks agreed on, the rerun records its resume and its end, and status reads the RL loop's
+    step time."""
+    from rl_fixtures import finish_rl, make_assets, merged, start_rl
+    cfg = merged(make_assets(tmp_path), algo={"advantage_estimator": "group_norm"}, train={"max_steps": 6},
+                 placement={"colocate_critic_reward": True},
+                 log={"check_weight_sync": False, "use_tensorboard": False})
+    run = tmp_path / "rl"
+    proc = start_rl(cfg, tmp_path, "rl")
+    try:
+        deadline = time.time() + 240
+        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.1)
+        live = st.run_status(run)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, err[-3000:]
+    assert live["state"] == "running" and live["trainer"] == "rl" and live["total_steps"] == 6
+    stopped = st.run_status(run)
+    [a] = stopped["attempts"]
+    step = a["end_step"]
+    assert stopped["state"] == "stopped" and a["world_size"] == 3 and 1 <= step < 6  # actor, reward, rollout
+    assert a["exit"] == f"stopped by SIGTERM after step {step} (checkpoint written)"
+    assert stopped["checkpoint"]["newest"]["step"] == step
+
+    finish_rl(start_rl(cfg, tmp_path, "rl"), tmp_path, "rl")
+    done = st.run_status(run)
+    assert done["state"] == "finished" and done["last_step"] == 6
+    assert [(x["start_step"], x["end_step"], x["exit"]) for x in done["attempts"]] == [
+        (0, step, a["exit"]), (step, 6, "finished")]
+    print("\n" + st.render(done))
+
+
+def _wait_rows(run: Path, n: int, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while not ((run / "metrics.jsonl").is_file() and len((run / "metrics.jsonl").read_text().splitlines()) >= n):
+        assert time.time() < deadline, f"fewer than {n} metrics rows in {run} after {timeout} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow  # about 60 s: a job, its time-limit signal, the requeue (SLURM waits ~12 s) and the rerun
+def test_slurm_job_requeued_by_its_time_limit_signal(slurm_env, tmp_path):
+    """An sbatch job of `hpc-rlhf plan --script-only`: status asks squeue while it runs; USR1 (the time-limit
+    warning) stops it at a step boundary and rank 0 requeues it; the record holds both attempts of the job
+    with their restart counts and where their rank logs are."""
+    from sft_fixtures import sft_config, with_paths
+    steps = 60  # enough that the signal comes long before the end (a step takes 0.05 to 0.5 s here)
+    config = sft_config(tmp_path, steps)
+    config["launch"]["nproc"] = 1
+    config["train"]["zero_stage"] = 0
+    path = with_paths(config, tmp_path, "run")
+    run, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    script = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "plan", "sft", "--config", str(path),
+                             "--script-only", f"slurm.python={sys.executable}", f"slurm.log_dir={logs}"],
+                            check=True, capture_output=True, text=True, timeout=120).stdout
+    (tmp_path / "job.sbatch").write_text(script)
+    job = slurm_env.sbatch(tmp_path / "job.sbatch")
+
+    _wait_rows(run, 2)
+    live = st.run_status(run)
+    assert live["state"] == "running" and live["job_id"] == job, live
+    assert live["running_how"] == f"SLURM job {job}: RUNNING (squeue)"
+    print("\n" + st.render(live))
+    slurm_env.run(["scancel", "--signal=USR1", job])
+    assert slurm_env.wait_done(job, timeout=300) == "COMPLETED", (logs / f"{job}.out").read_text()
+
+    done = st.run_status(run)
+    first, second = done["attempts"]
+    assert done["state"] == "finished" and done["last_step"] == steps and done["job_id"] == job
+    assert (first["job_id"], first["restart"], second["job_id"], second["restart"]) == (job, 0, job, 1)
+    assert first["log_dir"] == str(logs) and first["host"].startswith("node")
+    step = first["end_step"]
+    assert first["exit"] == f"stopped by SIGUSR1 after step {step} (checkpoint written); rank 0 requeued the job"
+    assert (second["start_step"], second["end_step"], second["exit"]) == (step, steps, "finished")
+    assert done["running"] is False and done["queue_state"] in st.FINAL_STATES
+    assert done["log_errors"] == second["log_errors"]  # the newest attempt's (the requeue's lines are attempt 1's)
+    text = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "status", str(run)], check=True,
+                          capture_output=True, text=True, timeout=120).stdout
+    assert f"job         SLURM job {job}" in text and f"job {job} restart 1 on node" in text
+    print("\n" + text)

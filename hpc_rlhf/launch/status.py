@@ -35,6 +35,7 @@ from ..checkpoint.store import COMMITTED, CONFIG, committed_steps
 from ..logging.attempts import ATTEMPTS, process_start_ticks
 
 METRICS = "metrics.jsonl"
+EXPORTED_CONFIG = "hpc_rlhf_config.yaml"  # the run's config, beside the exported model in save_path
 STEP_TIME_KEYS = ("time/step_s", "step_time_s")  # the RL loop's and the offline trainers' step time metric
 LOG_TAIL_BYTES = 1 << 20  # the end of a log file that is searched for error lines
 # squeue states of a job that holds its allocation (COMPLETING: its processes are ending)
@@ -276,6 +277,14 @@ def liveness(last: Attempt, squeue: Callable[[str], tuple[str | None, str]], hos
 
 # -- putting it together ----------------------------------------------------------------------------------------
 
+def _ckpt_option(config: Path, key: str) -> str | None:
+    """``ckpt.KEY`` of a run's config file (a checkpoint's config.yaml, an export's hpc_rlhf_config.yaml)."""
+    try:
+        return (yaml.safe_load(config.read_text()) or {}).get("ckpt", {}).get(key)
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+
+
 def _holds_run(d: Path) -> bool:
     return (d / ATTEMPTS).is_file() or (d / METRICS).is_file()
 
@@ -287,11 +296,8 @@ def find_run_dir(path: str | Path) -> Path:
         raise StatusError(f"{path}: no such folder")
     if _holds_run(root):
         return root
-    for config in [*sorted(root.glob("global_step*/" + CONFIG), reverse=True), root / "hpc_rlhf_config.yaml"]:
-        try:
-            save = (yaml.safe_load(config.read_text()) or {}).get("ckpt", {}).get("save_path")
-        except (OSError, yaml.YAMLError, AttributeError):
-            continue
+    for config in [*sorted(root.glob("global_step*/" + CONFIG), reverse=True), root / EXPORTED_CONFIG]:
+        save = _ckpt_option(config, "save_path")
         if save and _holds_run(Path(save)):
             return Path(save)
     inside = sorted(d for d in root.iterdir() if d.is_dir() and _holds_run(d))
@@ -346,7 +352,8 @@ def run_status(path: str | Path, ckpt_path: str | Path | None = None,
     last = attempts[-1] if attempts else None
     total = next((a.total_steps for a in reversed(recorded) if a.total_steps is not None), None)
     trainer = next((a.trainer for a in reversed(recorded) if a.trainer), None)
-    ckpt = ckpt_path or next((a.ckpt_path for a in reversed(recorded) if a.ckpt_path), None)
+    ckpt = ckpt_path or next((a.ckpt_path for a in reversed(recorded) if a.ckpt_path), None) \
+        or _ckpt_option(run_dir / EXPORTED_CONFIG, "ckpt_path")
     checkpoint = checkpoint_status(Path(ckpt)) if ckpt else None
 
     steps = [rows[-1]["step"] if rows and isinstance(rows[-1].get("step"), int) else None]
@@ -359,14 +366,14 @@ def run_status(path: str | Path, ckpt_path: str | Path | None = None,
 
     live = (liveness(last, squeue, hostname or socket.gethostname()) if last is not None
             else {"running": None, "queue_state": None, "how": "no attempt recorded"})
-    state = _state(last, live)
+    state = _state(last, live) if last is not None or not rows else "unknown"
     per_step, per_step_from = _speed(recorded, rows, rows_time)
     remaining = max(0, total - last_step) if total is not None and last_step is not None else None
     left_s = remaining * per_step if remaining is not None and per_step is not None else None
     eta = None
     if live["running"] and left_s is not None:
         eta = max(0.0, (rows_time or now) + left_s - now)
-    errors = next((a.log_errors for a in reversed(attempts) if a.log_errors), [])
+    errors = (last.log_errors or []) if last is not None else []  # earlier attempts': in their own entries
     notes = []
     if bad_record:
         notes.append(f"{bad_record} line(s) of {record} could not be read")
@@ -375,7 +382,7 @@ def run_status(path: str | Path, ckpt_path: str | Path | None = None,
     if not record.is_file():
         notes.append(f"no {ATTEMPTS}: a run of an older version; job, attempts and state are unknown")
     if ckpt is None:
-        notes.append("ckpt_path unknown (no attempt record): pass --ckpt-path")
+        notes.append("ckpt_path unknown (no attempt record, no exported config): pass --ckpt-path")
     if live["running"] and per_step is not None and rows_time is not None and now - rows_time > max(600, 10 * per_step):
         notes.append(f"no metrics row for {_duration(now - rows_time)} (about {per_step:.3g} s/step): hung?")
     return {"run_dir": str(run_dir), "trainer": trainer, "state": state, "running": live["running"],
