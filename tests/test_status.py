@@ -115,12 +115,13 @@ def test_a_local_run_is_running_while_its_recorded_process_lives(tmp_path):
     write_record(run, start_row(T0 + 80, ckpt, **dict(me, pid_start=me["pid_start"] + 1)))
     s = st.run_status(run, squeue=no_squeue, now=T0 + 90, hostname="here")
     assert s["state"] == "died" and s["running"] is False
+    assert s["time_per_step_s"] == pytest.approx(2.0)  # the last row (T0+60) came before attempt 2 (T0+80)
     assert s["attempts"][0]["exit"].startswith("ended without a record (killed")
     # started on another host and no SLURM job: nothing to ask
     s = st.run_status(run, squeue=no_squeue, now=T0 + 90, hostname="another")
     assert s["state"] == "unknown" and s["running"] is None
-    assert s["running_how"].startswith("cannot tell: no SLURM job id")
-    assert "running: cannot tell" in st.render(s)
+    assert s["running_how"] == f"no SLURM job id, and the process (pid {os.getpid()} on here) is not on this host"
+    assert f"(running: cannot tell; {s['running_how']})" in st.render(s)
 
 
 def test_slurm_attempts_rank_log_errors_and_the_queue(tmp_path):
@@ -162,18 +163,23 @@ def test_slurm_attempts_rank_log_errors_and_the_queue(tmp_path):
                                    "line": "RuntimeError: CUDA out of memory"},
                                   {"file": str(logs / "77.out"), "line": "srun: error: node1: task 0: Out Of Memory"}]
     assert a[1]["exit"].startswith("ended without a record") and "Out Of Memory" in a[1]["exit"]
-    assert a[2]["exit"] == ("died before its start was recorded: "
-                            "12:00:09 [rank 1] ERROR hpc_rlhf.data: prompts.jsonl row 3: no 'input'")
     assert s["log_errors"] == a[2]["log_errors"]
     text = st.render(s)
     assert "SLURM job 77: RUNNING (squeue)" in text and "job 77 restart 1 on node1" in text
     assert "log error   rank-0.log: 12:00:09 [rank 1] ERROR" in text
+    # 2 steps left at 5 s/step from the last row (T0+75): due at T0+85, long past at T0+200
+    assert s["eta_s"] == 0 and "2 steps left: at this speed they would be done by now" in text
+    # while the job runs, an attempt without start row is one whose trainer has not started yet
+    assert a[2]["exit"] == "starting (no start recorded yet)"
 
     assert st.run_status(run, squeue=squeue("PENDING"), now=T0 + 200)["state"] == "queued"
-    assert st.run_status(run, squeue=squeue("GONE"), now=T0 + 200)["state"] == "failed"  # died unrecorded
+    gone = st.run_status(run, squeue=squeue("GONE"), now=T0 + 200)
+    assert gone["state"] == "failed" and gone["attempts"][2]["exit"] == (
+        "died before its start was recorded: 12:00:09 [rank 1] ERROR hpc_rlhf.data: prompts.jsonl row 3: no 'input'")
     unknown = st.run_status(run, squeue=lambda j: (None, "squeue is not installed here"), now=T0 + 200)
     assert unknown["running"] is None
-    assert unknown["running_how"] == "cannot tell whether SLURM job 77 runs: squeue is not installed here"
+    assert unknown["running_how"] == "SLURM job 77: squeue is not installed here"
+    assert "(running: cannot tell; SLURM job 77: squeue is not installed here)" in st.render(unknown)
 
 
 def test_a_damaged_newest_checkpoint_and_an_unfinished_save(tmp_path):
@@ -360,7 +366,8 @@ def test_sft_run_stopped_by_sigterm_and_resumed(tmp_path):
     path = with_paths(config, tmp_path, "run")
     run = tmp_path / "run"
     cli_cmd = [sys.executable, "-m", "hpc_rlhf.cli", "train", "sft", "--config", str(path)]
-    proc = subprocess.Popen(cli_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # two OpenMP threads on a busy 2-core machine: steps 40x slower
+    proc = subprocess.Popen(cli_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.time() + 120
         while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
@@ -383,7 +390,7 @@ def test_sft_run_stopped_by_sigterm_and_resumed(tmp_path):
     assert stopped["checkpoint"]["newest"]["step"] == step and stopped["checkpoint"]["newest"]["damage"] is None
     assert stopped["last_step"] == step and stopped["remaining_steps"] == 4 - step
 
-    subprocess.run(cli_cmd, check=True, capture_output=True, timeout=300)
+    subprocess.run(cli_cmd, check=True, capture_output=True, timeout=300, env=env)
     done = st.run_status(run)
     assert done["state"] == "finished" and done["last_step"] == 4
     assert [(x["start_step"], x["end_step"], x["exit"]) for x in done["attempts"]] == [

@@ -258,8 +258,7 @@ def liveness(last: Attempt, squeue: Callable[[str], tuple[str | None, str]], hos
     if last.job_id:
         state, note = squeue(last.job_id)
         if state is None:
-            return {"running": None, "queue_state": None,
-                    "how": f"cannot tell whether SLURM job {last.job_id} runs: {note}"}
+            return {"running": None, "queue_state": None, "how": f"SLURM job {last.job_id}: {note}"}
         running = state in RUNNING_STATES
         text = "no longer in the queue" if state == "GONE" else f"{state} (squeue)"
         return {"running": running, "queue_state": state, "how": f"SLURM job {last.job_id}: {text}"}
@@ -270,9 +269,9 @@ def liveness(last: Attempt, squeue: Callable[[str], tuple[str | None, str]], hos
         if alive is not None:
             return {"running": alive, "queue_state": None,
                     "how": f"process {last.pid} on this host {'runs' if alive else 'is gone'}"}
-    where = f"host {last.host}, pid {last.pid}" if last.host else "an unknown host"
+    where = f"pid {last.pid} on {last.host}" if last.host else "unknown host"
     return {"running": None, "queue_state": None,
-            "how": f"cannot tell: no SLURM job id, and the run was started on {where}, not checkable from here"}
+            "how": f"no SLURM job id, and the process ({where}) is not on this host"}
 
 
 # -- putting it together ----------------------------------------------------------------------------------------
@@ -313,12 +312,15 @@ def _speed(attempts: list[Attempt], rows: list[dict], rows_time: float | None) -
     loop's start to its end, or to the last metrics row while it runs: checkpoints and evals included), else
     the mean step time metric of the last logged rows."""
     last_row = rows[-1]["step"] if rows and isinstance(rows[-1].get("step"), int) else None
-    for a in reversed(attempts):
+    for i in reversed(range(len(attempts))):
+        a = attempts[i]
+        next_start = attempts[i + 1].started if i + 1 < len(attempts) else None
         if a.loop_started is None or a.start_step is None:
             continue
         if a.ended is not None and a.end_step is not None:
             n, span, until = a.end_step - a.start_step, a.ended - a.loop_started, a.end_step
-        elif a is attempts[-1] and a.ended is None and last_row is not None and rows_time is not None:
+        elif a.ended is None and last_row is not None and rows_time is not None and rows_time >= a.loop_started \
+                and (next_start is None or rows_time <= next_start):  # the last row is this attempt's
             n, span, until = last_row - a.start_step, rows_time - a.loop_started, last_row
         else:
             continue
@@ -416,6 +418,8 @@ def _state(last: Attempt | None, live: dict) -> str:
 def _exit(a: Attempt, is_last: bool, live: dict) -> str:
     """How one attempt ended, in words."""
     if not a.recorded:
+        if is_last and live["running"]:
+            return "starting (no start recorded yet)"
         return "died before its start was recorded" + (f": {a.log_error['line']}" if a.log_error else "")
     if a.reason == "finished":
         return "finished"
@@ -483,8 +487,10 @@ def render(st: dict) -> str:
     put("progress", progress)
     if st["time_per_step_s"] is not None:
         speed = f"{st['time_per_step_s']:.3g} s/step ({st['time_per_step_from']})"
-        if st["eta_s"] is not None:
+        if st["eta_s"]:
             speed += f"; ETA {_duration(st['eta_s'])} (about {_clock(now + st['eta_s'], now)})"
+        elif st["eta_s"] == 0 and st["remaining_steps"]:
+            speed += f"; {st['remaining_steps']} steps left: at this speed they would be done by now"
         elif st["remaining_compute_s"] and state not in ("finished",):
             speed += f"; {st['remaining_steps']} steps left, about {_duration(st['remaining_compute_s'])} of running"
         put("speed", speed)
