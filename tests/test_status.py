@@ -399,7 +399,7 @@ def test_sft_run_stopped_by_sigterm_and_resumed(tmp_path):
     print("\n" + st.render(done))
 
 
-@pytest.mark.slow  # about 60-90 s: three ranks, twice
+@pytest.mark.slow  # 120-130 s on the busy 2-core test machine: three ranks, twice
 def test_rl_run_on_three_ranks_stopped_and_resumed(tmp_path):
     """`train rl` under the local launcher: SIGTERM to the launcher reaches every rank; rank 0 records the stop
     with the step the ranks agreed on, the rerun records its resume and its end, and status reads the RL loop's
@@ -445,7 +445,7 @@ def _wait_rows(run: Path, n: int, timeout: float = 240) -> None:
 
 
 @pytest.mark.slurm
-@pytest.mark.slow  # about 60 s: a job, its time-limit signal, the requeue (SLURM waits ~12 s) and the rerun
+@pytest.mark.slow  # 50-85 s: a job, its time-limit signal, the requeue (SLURM waits ~12 s) and the rerun
 def test_slurm_job_requeued_by_its_time_limit_signal(slurm_env, tmp_path):
     """An sbatch job of `hpc-rlhf plan --script-only`: status asks squeue while it runs; USR1 (the time-limit
     warning) stops it at a step boundary and rank 0 requeues it; the record holds both attempts of the job
