@@ -2,7 +2,8 @@
 
 The plan has one rank per role, actor, reward, rollout (as many as WORLD_SIZE; one rank without a launcher).
 Scenario ``barriers``: every rank joins the worlds through ``run_in_roles`` (heartbeats every second, dead
-after 2 s), writes its pid to MARKER_DIR/rank-N and loops on barriers over the control bridge.  Scenario
+after 2 s), writes its pid to MARKER_DIR/rank-N and loops on barriers over the control bridge; rank 0 keeps the
+attempt record in MARKER_DIR/run/attempts.jsonl.  Scenario
 ``raise``: the same, but rank 1 (rank 0 when alone) raises a ValueError instead, after writing the time to
 MARKER_DIR/raised.  Scenario ``idle``: the rank joins nothing and sleeps, so only the launcher can end it.
 """
@@ -24,7 +25,9 @@ if scenario == "idle":
     sys.exit(0)
 
 cfg = SimpleNamespace(launch=SimpleNamespace(backend="gloo"),
-                      slurm=SimpleNamespace(stop_signals=["TERM"], requeue_signals=[], requeue=False),
+                      slurm=SimpleNamespace(stop_signals=["TERM"], requeue_signals=[], requeue=False,
+                                            log_dir=str(markers / "logs")),
+                      ckpt=SimpleNamespace(save_path=str(markers / "run"), ckpt_path=str(markers / "ckpt")),
                       placement=SimpleNamespace(collective_timeout_s=60.0, dead_rank_timeout_s=2.0))
 plan = make_plan({role: 1 for role in ("actor", "reward", "rollout")[:de.world_size]})
 

@@ -100,6 +100,13 @@ def _clean_log(err: str) -> None:
     assert "frame #" not in err and "most likely died" not in err, err[-3000:]
 
 
+def _recorded_end(markers: Path) -> dict:
+    """The end row rank 0 wrote into the attempt record (hpc_rlhf/logging/attempts.py)."""
+    rows = [json.loads(x) for x in (markers / "run" / "attempts.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in rows] == ["start", "end"], rows
+    return rows[-1]
+
+
 def test_ranks_die_with_the_launcher(tmp_path):
     launcher = _start_launcher(tmp_path, "idle", nproc=2)
     pids = {}
@@ -132,6 +139,8 @@ def test_own_error_is_reported_at_once_and_named_by_every_rank(tmp_path):
     for r, roles in ((0, "actor"), (2, "rollout")):
         assert f"hpc-rlhf: rank {r} (roles {roles}) stops the job: {verdict}" in err, err[-3000:]
     assert "ValueError: bad row 7" in err  # rank 1's own traceback
+    assert _recorded_end(tmp_path) == {"time": pytest.approx(ended, abs=10), "event": "end", "reason": "error",
+                                       "error": verdict}  # rank 0's watchdog wrote the verdict before it ended
     _clean_log(err)
     assert took < 5, took  # the watchdog's dead_rank_timeout_s (2 s) + 5 s before
 
@@ -177,6 +186,7 @@ def test_stopped_rank_is_named_by_the_launcher_and_every_rank(tmp_path):
     assert launcher.returncode == 1, (launcher.returncode, err[-3000:])
     verdict = "no heartbeat from rank 1 (roles reward, host "
     assert f"hpc-rlhf launcher: {verdict}" in err, err[-3000:]
+    assert _recorded_end(tmp_path)["error"].startswith(verdict)
     for r, roles in ((0, "actor"), (2, "rollout")):
         assert f"hpc-rlhf: rank {r} (roles {roles}) stops the job: {verdict}" in err, err[-3000:]
     _clean_log(err)

@@ -66,6 +66,7 @@ class Watchdog:
         self._probe = socket.create_connection((host, port), timeout=dead_after_s)
         self._probe.setblocking(False)
         self._stop = threading.Event()
+        self.on_die = None  # called with the verdict just before the watchdog ends the process (the attempt record)
         # the SLURM node name (several virtual nodes may share a host), else the host name
         self._store.set(f"hb/host/{rank}", os.environ.get("SLURMD_NODENAME") or socket.gethostname())
         self._thread = threading.Thread(target=self._run, name="hpc_rlhf-watchdog", daemon=True)
@@ -169,6 +170,8 @@ class Watchdog:
                 store_alive = False
         print(f"hpc-rlhf: rank {self.rank} ({self.describe(self.rank)}) stops the job: {why}",
               file=sys.stderr, flush=True)
+        if self.on_die is not None:
+            self.on_die(why)
         if store_alive:
             self._linger()
         os._exit(1)

@@ -1,11 +1,14 @@
-"""`hpc-rlhf tiny-model`, `hpc-rlhf import-gguf`, `hpc-rlhf lora-merge` and `hpc-rlhf serve-reward`."""
+"""`hpc-rlhf tiny-model`, `hpc-rlhf import-gguf`, `hpc-rlhf lora-merge`, `hpc-rlhf serve-reward` and
+`hpc-rlhf status`."""
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
 
+from ..launch.status import StatusError, render, run_status
 from ..models import gguf, lora, tiny
 from ..rewards.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT, read_token, start_server
 from ..rewards.types import RewardError
@@ -119,6 +122,25 @@ def serve_reward(args: argparse.Namespace, rest: list[str] | None = None,
     return 0
 
 
+def add_status_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hpc-rlhf status RUN_DIR [--json] [--ckpt-path DIR]``."""
+    parser.add_argument("run_dir", help="the run's ckpt.save_path (where metrics.jsonl and attempts.jsonl are)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text block")
+    parser.add_argument("--ckpt-path", default=None,
+                        help="the run's ckpt.ckpt_path (default: the one its attempt record names)")
+
+
+def status(args: argparse.Namespace, rest: list[str] | None = None) -> int:
+    """Print where the run in ``args.run_dir`` stands (docs/status_command.md); exit 2 when it is no run."""
+    try:
+        st = run_status(args.run_dir, ckpt_path=args.ckpt_path)
+    except StatusError as e:
+        print(f"hpc-rlhf status: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(st, indent=1) if args.json else render(st), end="\n" if args.json else "")
+    return 0
+
+
 def add_parsers(sub) -> None:
     for name, add_args, func, what in (
             ("tiny-model", add_tiny_model_args, tiny_model, "build a random-weight tiny model and a local tokenizer"),
@@ -126,7 +148,9 @@ def add_parsers(sub) -> None:
              "convert a GGUF checkpoint into a transformers folder (weights dequantized)"),
             ("lora-merge", add_lora_merge_args, lora_merge, "merge a LoRA adapter into its base model"),
             ("serve-reward", add_serve_reward_args, serve_reward,
-             "serve a reward-function file over HTTP (127.0.0.1 by default)")):
+             "serve a reward-function file over HTTP (127.0.0.1 by default)"),
+            ("status", add_status_args, status,
+             "where a run stands, from its files: steps, checkpoint, SLURM attempts, ETA, errors, running?")):
         c = sub.add_parser(name, help=what)
         add_args(c)
         c.set_defaults(func=func)

@@ -1,36 +1,66 @@
 """What every trainer does around its loop: join the world with the stop signals armed (``run_in_world`` for
 the data-parallel trainers, ``run_in_roles`` for the RL run's role worlds), and start from the newest intact
 committed checkpoint when asked to resume, when SLURM requeued the job (a restarted job must not begin again
-from step 0) or when ckpt_path holds checkpoints of the same config (`checkpoint/existing.py`)."""
+from step 0) or when ckpt_path holds checkpoints of the same config (`checkpoint/existing.py`).  The main rank
+notes each start and how it ended in the attempt record (`logging/attempts.py`, read by `hpc-rlhf status`)."""
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable
 
 from ..checkpoint.existing import choose
 from ..checkpoint.store import CheckpointError, load_checkpoint, move_aside, set_aside_damaged, step_of
 from ..config import dump_yaml
 from ..distributed.collectives import max_over_ranks
-from ..distributed.env import init_distributed, shutdown
+from ..distributed.env import init_distributed, read_env, shutdown
 from ..distributed.preemption import RunStopped, StopRequest
 from ..distributed.rendezvous import restart_count
 from ..distributed.watchdog import from_torch_distributed
 from ..distributed.worlds import join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
+from ..logging import attempts
 
 log = logging.getLogger("hpc_rlhf.lifecycle")
+
+
+@contextmanager
+def recorded(cfg, stop: StopRequest, main: bool):
+    """The attempt record of this run (``main``: this rank writes it): a start row now, an end row saying how
+    the block ended (finished, stopped by a signal at a step boundary, or the error raised)."""
+    if not main:
+        yield None
+        return
+    run_dir = cfg.ckpt.save_path
+    where = attempts.identity()
+    if where["job_id"]:
+        where["log_dir"] = str(Path(cfg.slurm.log_dir).resolve())
+    attempts.append(run_dir, "start", **where, ckpt_path=str(Path(cfg.ckpt.ckpt_path).resolve()))
+    try:
+        yield run_dir
+    except RunStopped as e:
+        attempts.append(run_dir, "end", reason="stopped", step=e.step, signal=stop.received, requeue=e.requeue)
+        raise
+    except BaseException as e:
+        attempts.append(run_dir, "end", reason="error", error=attempts.error_text(e))
+        raise
+    attempts.append(run_dir, "end", reason="finished")
 
 
 def run_in_world(cfg, body):
     """``body(cfg, dist_env, stop)`` on this rank, between joining and leaving the default group."""
     configure_deepspeed_env()
-    de = init_distributed(cfg.launch.backend)
     stop = StopRequest.from_config(cfg.slurm)
     try:
-        return body(cfg, de, stop)
+        with recorded(cfg, stop, read_env().is_main):
+            de = init_distributed(cfg.launch.backend)
+            try:
+                return body(cfg, de, stop)
+            finally:
+                shutdown()
     finally:
         stop.restore()
-        shutdown()
 
 
 def run_in_roles(cfg, plan, body):
@@ -42,21 +72,24 @@ def run_in_roles(cfg, plan, body):
     configure_deepspeed_env()
     stop = StopRequest.from_config(cfg.slurm)
     try:
-        p = cfg.placement
-        ctx = join(plan, cfg.launch.backend, p.collective_timeout_s, p.dead_rank_timeout_s,
-                   urgent=lambda: stop.received is not None)
-        try:
-            result = body(ctx, stop)
-        except RunStopped:
+        with recorded(cfg, stop, read_env().is_main) as run_dir:
+            p = cfg.placement
+            ctx = join(plan, cfg.launch.backend, p.collective_timeout_s, p.dead_rank_timeout_s,
+                       urgent=lambda: stop.received is not None)
+            if run_dir is not None:  # the watchdog ends the process at once: the verdict goes into the record first
+                ctx.watchdog.on_die = lambda why: attempts.append(run_dir, "end", reason="error", error=why)
+            try:
+                result = body(ctx, stop)
+            except RunStopped:
+                leave(ctx)
+                raise
+            except Exception as e:
+                if from_torch_distributed(e):
+                    ctx.watchdog.explain_failure()
+                ctx.watchdog.fail(e)
+                raise
             leave(ctx)
-            raise
-        except Exception as e:
-            if from_torch_distributed(e):
-                ctx.watchdog.explain_failure()
-            ctx.watchdog.fail(e)
-            raise
-        leave(ctx)
-        return result
+            return result
     finally:
         stop.restore()
 

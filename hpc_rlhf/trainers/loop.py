@@ -10,6 +10,7 @@ import logging
 from typing import Callable
 
 from ..distributed.preemption import StepBoundary
+from ..logging import attempts
 from ..logging.metrics import MetricsLogger
 from ..logging.progress import Progress
 
@@ -44,6 +45,8 @@ def run_steps(cfg, step: Callable[[int], Metrics], start: int, total: int, bound
     model, say); when it returns True the run ends there: a checkpoint of that step (``boundary.save``), then
     the export, as after the last step.  It must decide alike on every rank."""
     log_cfg = cfg.log
+    if is_main:  # for `hpc-rlhf status`: where this attempt starts and how many steps the run has
+        attempts.append(cfg.ckpt.save_path, "steps", start_step=start, total_steps=total, trainer=desc)
     metrics_log = MetricsLogger(cfg.ckpt.save_path, is_main, log_cfg.use_tensorboard, start)
     progress = Progress(total, start, is_main, log_cfg.progress_bar, desc=desc)
 
