@@ -356,6 +356,7 @@ def _status(run: Path, *extra: str, env=None) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow  # two real runs (~40 s): the default suite stays under 12 minutes
 def test_sft_run_stopped_by_sigterm_and_resumed(tmp_path):
     """A real `train sft` (one rank): while it runs, status finds its process; SIGTERM stops it at a step
     boundary after a checkpoint (the record says so); the rerun resumes and finishes."""
