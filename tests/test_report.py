@@ -8,17 +8,16 @@ import base64
 import json
 import re
 import struct
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
+from hpc_rlhf.cli import build_parser
 from hpc_rlhf.entrypoints.tools import add_report_args, report
 from hpc_rlhf.reports import ReportError, load_run, write_report
-from hpc_rlhf.reports.plots import running_mean, smoothing_window
+from hpc_rlhf.reports.plots import charts, has_data, running_mean, smoothing_half_width
 from hpc_rlhf.reports.runs import (Attempt, join_attempts, parse_event, read_attempts, read_events, read_rows,
                                    run_labels)
 from hpc_rlhf.reports.summary import (direction, eval_keys, final_and_best, phase_split, phase_totals, shares,
@@ -211,10 +210,19 @@ def test_eval_keys_pick_and_order_the_eval_curves():
 
 
 def test_running_mean_and_its_window():
-    assert running_mean([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [1.0, 1.5, 2.5, 3.5, 4.5]
-    assert running_mean([1.0, 2.0, 3.0, 4.0, 5.0], 3) == [1.0, 1.5, 2.0, 3.0, 4.0]
-    assert running_mean([4.0, 2.0], 1) == [4.0, 2.0]
-    assert (smoothing_window(60), smoothing_window(61), smoothing_window(200)) == (1, 3, 10)
+    assert running_mean([1.0, 2.0, 3.0, 4.0, 5.0], 1) == [1.5, 2.0, 3.0, 4.0, 4.5]
+    assert running_mean([1.0, 2.0, 3.0, 4.0, 8.0], 2) == [2.0, 2.5, 3.6, 4.25, 5.0]
+    assert running_mean([4.0, 2.0], 0) == [4.0, 2.0]
+    assert (smoothing_half_width(60), smoothing_half_width(61), smoothing_half_width(200)) == (0, 1, 5)
+
+
+def test_a_panel_shows_the_runs_of_its_trainer_only(tmp_path):
+    # KTO logs "kl" too, in another sense and over optimizer steps: not in the RL chart of the KL
+    kto = load_run(write_rows(tmp_path / "kto" / "metrics.jsonl", [{"step": 1, "loss": 0.5, "kl": 0.2}]).parent)
+    rl = load_run(write_rows(tmp_path / "rl" / "metrics.jsonl", [rl_row(1, 0.5)]).parent)
+    kl = next(c for c in charts([kto, rl]) if c.name == "kl").panels[0]
+    assert (kto.kind, rl.kind) == ("offline", "rl")
+    assert not has_data(kl, [kto]) and has_data(kl, [kto, rl])
 
 
 def test_run_labels_tell_runs_apart(tmp_path):
@@ -355,7 +363,8 @@ def test_report_of_a_resumed_run_a_run_without_eval_and_an_sft_run(tmp_path):
     assert "| rloo | rl | 3 | 30.0 s (≈, from step times) | unknown (no TensorBoard events) |" in md
     assert "| reward/mean | 0.5 | 3 | 0.5 | 3 |" in md and "| eval/pass@1 | 0.3 | 2 | 0.3 | 2 |" in md
     assert "| training | 40.0 % | 4 |" in md and "| other | 5.0 % | 0.5 |" in md
-    assert "rows of attempts that died after their last checkpoint, not shown: metrics.old-1.jsonl" in md
+    assert ("rows an attempt logged past the checkpoint a later one resumed from (set aside, not shown): "
+            "metrics.old-1.jsonl") in md
 
 
 def test_report_of_runs_without_rows_yet(tmp_path):
@@ -398,9 +407,8 @@ def test_report_of_a_real_tiny_rl_run(tmp_path):
                           "best_metric": "eval/pass@1"}, log={"eval_steps": 2, "check_weight_sync": False},
                     train={"max_steps": 3})
     rows = run_rl(config, tmp_path, "run")
-    proc = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "report", str(tmp_path / "run"), "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = build_parser().parse_args(["report", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    assert args.func(args, []) == 0  # `hpc-rlhf report RUN_DIR --out DIR`, in this process
     out = tmp_path / "out"
     for name in ("reward", "eval", "kl", "losses", "response", "step_time", "step_time_share", "learning_rate",
                  "grad_norm"):
@@ -411,6 +419,7 @@ def test_report_of_a_real_tiny_rl_run(tmp_path):
     assert s["metrics"]["reward/mean"]["final"] == rewards[-1] and s["metrics"]["reward/mean"]["best"] == max(rewards)
     assert [r["step"] for r in rows if "eval/pass@2" in r] == [2, 3]
     assert s["metrics"]["eval/pass@2"]["final_step"] == 3
+    assert s["best_model"]["metric"] == "eval/pass@1" and s["best_model"]["step"] in (2, 3)
     assert sum(s["phase_shares"].values()) == pytest.approx(1.0)
     md = (out / "summary.md").read_text()
     assert "| run | rl (group_norm) | 3 (max_steps 3) |" in md

@@ -25,7 +25,7 @@ class Panel:
     key: str  # the metric (or a derived one: see ``series``)
     title: str
     ylabel: str
-    xlabel: str = "RL step"
+    kind: str = "rl"  # the runs it shows: "rl" (`train rl`) or "offline" (a key may mean another thing there)
     scale: float = 1.0  # values are multiplied by it (fractions shown in %)
     eval_key: str | None = None  # its eval counterpart, drawn dashed with markers in the same panel
     smooth: bool = True  # a long noisy series gets a running mean (not a schedule such as the learning rate)
@@ -40,23 +40,24 @@ class Chart:
     panels: tuple[Panel, ...]
 
 
-OFFLINE_X = "optimizer step"
+XLABEL = {"rl": "RL step", "offline": "optimizer step"}
+OFFLINE = "offline"
 
 
-def running_mean(values: list[float], window: int) -> list[float]:
-    """Trailing running mean: point i is the mean of values i - window + 1 .. i (fewer at the start)."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+def running_mean(values: list[float], half: int) -> list[float]:
+    """Centred running mean: point i is the mean of values i - half .. i + half (those that exist)."""
+    prefix = [0.0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    n = len(values)
+    return [(prefix[min(i + half + 1, n)] - prefix[max(i - half, 0)]) / (min(i + half + 1, n) - max(i - half, 0))
+            for i in range(n)]
 
 
-def smoothing_window(n: int) -> int:
-    """The running mean's window for a series of n points: 1 (none) up to SMOOTH_ABOVE points, else n // 20."""
-    return 1 if n <= SMOOTH_ABOVE else max(2, n // 20)
+def smoothing_half_width(n: int) -> int:
+    """The running mean's half width for a series of n points: 0 (none) up to SMOOTH_ABOVE points, else n // 40
+    (at least 1): a window of about a twentieth of the points."""
+    return 0 if n <= SMOOTH_ABOVE else max(1, n // 40)
 
 
 def series(run: Run, key: str) -> tuple[list[int], list[float]]:
@@ -112,12 +113,13 @@ def offline_ylabel(name: str) -> str:
 def eval_chart(runs: list[Run]) -> Chart:
     """The eval metrics present in any run: RL's eval/* (pass@k, maj@k, avg@n, reward mean); the offline
     trainers' eval_* (the training value beside it, when logged)."""
-    keys = set().union(*(r.keys() for r in runs)) if runs else set()
-    panels = [_rl_eval_panel(k) for k in eval_keys(keys, "rl")]
-    for k in eval_keys(keys, "offline"):
+    def keys_of(kind: str) -> set[str]:
+        return set().union(set(), *(r.keys() for r in runs if r.kind == kind))
+    panels = [_rl_eval_panel(k) for k in eval_keys(keys_of("rl"), "rl")]
+    for k in eval_keys(keys_of("offline"), "offline"):
         name = k[len("eval_"):]
         panels.append(Panel(name, f"{name.replace('_', ' ')} (solid: training, dashed: eval)", offline_ylabel(name),
-                            OFFLINE_X, eval_key=k))
+                            OFFLINE, eval_key=k))
     return Chart("eval", "Eval metrics at each eval (RL: n samples per eval prompt, docs/eval.md; offline "
                          "trainers: the eval split, beside the training value).", tuple(panels))
 
@@ -143,20 +145,20 @@ def charts(runs: list[Run]) -> list[Chart]:
                Panel("response_length/truncated", "Truncated responses", "% of samples", scale=100.0,
                      from_zero=True))),
         Chart("loss", "Training loss of the offline trainers (`loss`, solid) and eval loss (`eval_loss`, dashed).",
-              (Panel("loss", "Training loss (solid) and eval loss (dashed)", "loss (nats)", OFFLINE_X,
+              (Panel("loss", "Training loss (solid) and eval loss (dashed)", "loss (nats)", OFFLINE,
                      eval_key="eval_loss"),)),
         Chart("throughput", "Throughput of the offline trainers: SFT's loss tokens per second, the others' "
                             "items (train.train_batch_size) per second.",
-              (Panel("tokens_per_s", "SFT throughput", "loss tokens / s", OFFLINE_X, from_zero=True),
-               Panel("samples_per_s", "Throughput", "items / s", OFFLINE_X, from_zero=True))),
+              (Panel("tokens_per_s", "SFT throughput", "loss tokens / s", OFFLINE, from_zero=True),
+               Panel("samples_per_s", "Throughput", "items / s", OFFLINE, from_zero=True))),
         Chart("learning_rate", "Learning rate at each step (`actor/lr`; `lr` for the offline trainers).",
               (Panel("actor/lr", "Actor learning rate", "learning rate", smooth=False, from_zero=True),
-               Panel("lr", "Learning rate", "learning rate", OFFLINE_X, smooth=False, from_zero=True))),
+               Panel("lr", "Learning rate", "learning rate", OFFLINE, smooth=False, from_zero=True))),
         Chart("grad_norm", "Global gradient norm of each optimizer step (`actor/grad_norm`, `critic/grad_norm`, "
                            "`grad_norm`).",
               (Panel("actor/grad_norm", "Actor gradient norm", "L2 norm", from_zero=True),
                Panel("critic/grad_norm", "Critic gradient norm", "L2 norm", from_zero=True),
-               Panel("grad_norm", "Gradient norm", "L2 norm", OFFLINE_X, from_zero=True))),
+               Panel("grad_norm", "Gradient norm", "L2 norm", OFFLINE, from_zero=True))),
     ]
 
 
@@ -167,7 +169,8 @@ STEP_SHARE_CAPTION = "Mean seconds per RL step by phase, one bar per run, with e
 
 
 def has_data(panel: Panel, runs: list[Run]) -> bool:
-    return any(series(r, panel.key)[0] or (panel.eval_key and r.series(panel.eval_key)[0]) for r in runs)
+    return any(series(r, panel.key)[0] or (panel.eval_key and r.series(panel.eval_key)[0])
+               for r in runs if r.kind == panel.kind)
 
 
 # -- drawing ------------------------------------------------------------------------------------------------
@@ -213,10 +216,10 @@ def _plot_line(ax, steps, values, color, dashed: bool, smooth: bool = True) -> N
     if dashed:  # eval points: few, each one an eval
         ax.plot(steps, values, color=color, linestyle="--", marker="s", markersize=4, linewidth=1.4)
         return
-    w = smoothing_window(n) if smooth else 1
-    if w > 1:
+    half = smoothing_half_width(n) if smooth else 0
+    if half:
         ax.plot(steps, values, color=color, linewidth=0.8, alpha=0.25)
-        ax.plot(steps, running_mean(values, w), color=color, linewidth=1.8)
+        ax.plot(steps, running_mean(values, half), color=color, linewidth=1.8)
     else:
         ax.plot(steps, values, color=color, linewidth=1.6, marker="o" if n <= 30 else None, markersize=3)
 
@@ -247,7 +250,7 @@ def draw_chart(chart: Chart, runs: list[Run], colors: dict[str, str], path: Path
     fig, axes = _figure(len(panels))
     shown: list[Run] = []
     for ax, panel in zip(axes, panels):
-        for run in runs:
+        for run in (r for r in runs if r.kind == panel.kind):
             steps, values = series(run, panel.key)
             drawn = False
             if steps:
@@ -261,7 +264,7 @@ def draw_chart(chart: Chart, runs: list[Run], colors: dict[str, str], path: Path
                     drawn = True
             if drawn and run not in shown:
                 shown.append(run)
-        _style(ax, panel.title, panel.xlabel, panel.ylabel)
+        _style(ax, panel.title, XLABEL[panel.kind], panel.ylabel)
         if panel.unit_range:
             ax.set_ylim(-0.02, 1.02)
         elif panel.from_zero:
@@ -289,11 +292,11 @@ def draw_step_time(runs: list[Run], path: Path) -> bool:
     fig, axes = _figure(len(timed))
     top = 0.0
     for ax, (run, steps, phases) in zip(axes, timed):
-        w = smoothing_window(len(steps))
-        stacks = [running_mean(phases[ph], w) for ph in PHASES]
+        half = smoothing_half_width(len(steps))
+        stacks = [running_mean(phases[ph], half) for ph in PHASES]
         ax.stackplot(steps, stacks, colors=[PHASE_COLORS[ph] for ph in PHASES], labels=PHASES, alpha=0.9)
         top = max(top, max(sum(col) for col in zip(*stacks)))
-        title = run.label + (f" (running mean of {w} steps)" if w > 1 else "")
+        title = run.label + (f" (running mean of {2 * half + 1} logged steps)" if half else "")
         _style(ax, title, "RL step", "seconds per step")
         if len(steps) > 1:
             ax.set_xlim(steps[0], steps[-1])

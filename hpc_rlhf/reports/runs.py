@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from ..checkpoint.store import COMMITTED, CONFIG, committed_steps
+from ..checkpoint.store import CONFIG, committed_steps
 
 METRICS = "metrics.jsonl"
 EXPORTED_CONFIG = "hpc_rlhf_config.yaml"
@@ -184,26 +184,30 @@ def _load_yaml(path: Path) -> dict | None:
 
 
 def checkpoint_folder(run_dir: Path, config: dict | None) -> Path | None:
-    """The run's ckpt.ckpt_path: the one its config names (a relative one resolved where the run started,
-    found from its relative save_path), else the usual places beside the run folder (``NAME_checkpoints``,
-    ``NAME_ckpt``, ``../checkpoints``) when one holds committed checkpoints."""
-    candidates = []
+    """The run's ckpt.ckpt_path when it holds committed checkpoints: the one its config names (a relative one
+    resolved where the run started, found from its relative save_path, else here), else the usual places
+    beside the run folder (``NAME_checkpoints``, ``NAME_ckpt``, ``../checkpoints``) when the config of their
+    newest checkpoint names this run's folder as its save_path."""
+    named_candidates = []
     ckpt = (config or {}).get("ckpt") or {}
     named, save = ckpt.get("ckpt_path"), ckpt.get("save_path")
     if isinstance(named, str):
         p = Path(named).expanduser()
         if p.is_absolute():
-            candidates.append(p)
+            named_candidates.append(p)
         else:
             parts = Path(save).parts if isinstance(save, str) and not Path(save).is_absolute() else ()
             parts = tuple(x for x in parts if x != ".")
             if parts and run_dir.parts[-len(parts):] == parts:  # the folder the run started in
-                candidates.append(Path(*run_dir.parts[:-len(parts)]) / p)
-            candidates.append(Path.cwd() / p)
-    candidates += [run_dir.with_name(run_dir.name + "_checkpoints"), run_dir.with_name(run_dir.name + "_ckpt"),
-                   run_dir.parent / "checkpoints"]
-    for c in candidates:
+                named_candidates.append(Path(*run_dir.parts[:-len(parts)]) / p)
+            named_candidates.append(Path.cwd() / p)
+    for c in named_candidates:
         if committed_steps(c):
+            return c
+    for c in (run_dir.with_name(run_dir.name + "_checkpoints"), run_dir.with_name(run_dir.name + "_ckpt"),
+              run_dir.parent / "checkpoints"):
+        steps = committed_steps(c)
+        if steps and _same_run(_load_yaml(c / f"global_step{steps[-1]}" / CONFIG), run_dir):
             return c
     return None
 
@@ -273,12 +277,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     if run.ckpt_path is not None:
         run.checkpoints = committed_steps(run.ckpt_path)
         if run.config is None:  # the run has not exported yet: the config of its newest checkpoint
-            newest = run.ckpt_path / f"global_step{run.checkpoints[-1]}"
-            config = _load_yaml(newest / CONFIG) if (newest / COMMITTED).is_file() else None
-            if _same_run(config, run_dir):
-                run.config, run.config_file = config, newest / CONFIG
-            else:  # the folder beside it belongs to another run
-                run.ckpt_path, run.checkpoints = None, []
+            newest = run.ckpt_path / f"global_step{run.checkpoints[-1]}" / CONFIG
+            run.config, run.config_file = _load_yaml(newest), newest
     best = run_dir / "best" / "best.json"
     if best.is_file():
         try:

@@ -242,8 +242,8 @@ def summary_markdown(runs: list[Run], summaries: list[dict]) -> str:
             extra.append(f"best model (save_path/best): {b.get('metric')} = {fmt_value(b.get('value'))} "
                          f"at step {b.get('step')}")
         if s["set_aside"]:
-            extra.append(f"rows of attempts that died after their last checkpoint, not shown: "
-                         f"{', '.join(s['set_aside'])}")
+            extra.append("rows an attempt logged past the checkpoint a later one resumed from (set aside, not "
+                         f"shown): {', '.join(s['set_aside'])}")
         if s["eval_s"]:
             extra.append(f"time in evals: {fmt_seconds(s['eval_s'])}")
         parts += [f"- {e}" for e in extra] + ([""] if extra else [])
