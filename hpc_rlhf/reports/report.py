@@ -11,7 +11,8 @@ from pathlib import Path
 from .plots import (STEP_SHARE_CAPTION, STEP_TIME_CAPTION, Chart, charts, draw_chart, draw_step_share,
                     draw_step_time, run_colors)
 from .runs import ReportError, Run, load_run, run_labels
-from .summary import metrics_table, overview_table, phase_table, summarize, summary_markdown, timed_rows
+from .summary import (metrics_table, overview_table, phase_table, run_notes, summarize, summary_markdown,
+                      timed_rows)
 
 STEP_TIME = "step_time"
 STEP_SHARE = "step_time_share"
@@ -97,6 +98,9 @@ def render_html(runs: list[Run], summaries: list[dict], out: Path, images: list[
     parts += ["</ul><h2>Summary</h2>", _html_table(overview_table(summaries))]
     for run, s in zip(runs, summaries):
         parts.append(f"<h3>{html.escape(s['label'])}</h3>")
+        notes = run_notes(s)
+        if notes:
+            parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
         if s["metrics"]:
             parts.append(_html_table(metrics_table(s)))
         if s["phase_seconds"]:

@@ -229,23 +229,29 @@ def timed_rows(run: Run) -> int:
     return sum(phase_split(r) is not None for r in run.rows)
 
 
+def run_notes(s: dict) -> list[str]:
+    """The lines under a run's heading: checkpoints, best model, set-aside rows, time in evals."""
+    notes = []
+    if s["checkpoints"]:
+        notes.append(f"committed checkpoints at steps {', '.join(map(str, s['checkpoints']))}")
+    if s["best_model"]:
+        b = s["best_model"]
+        notes.append(f"best model (save_path/best): {b.get('metric')} = {fmt_value(b.get('value'))} "
+                     f"at step {b.get('step')}")
+    if s["set_aside"]:
+        notes.append("rows an attempt logged past the checkpoint a later one resumed from (set aside, not "
+                     f"shown): {', '.join(s['set_aside'])}")
+    if s["eval_s"]:
+        notes.append(f"time in evals: {fmt_seconds(s['eval_s'])}")
+    return notes
+
+
 def summary_markdown(runs: list[Run], summaries: list[dict]) -> str:
     """summary.md: the comparison table, then per run its metrics (final and best) and time per phase."""
     parts = [f"# Run report ({time.strftime('%Y-%m-%d %H:%M')})", "", markdown_table(overview_table(summaries)), ""]
     for run, s in zip(runs, summaries):
         parts += [f"## {s['label']}", "", f"`{s['path']}`", ""]
-        extra = []
-        if s["checkpoints"]:
-            extra.append(f"committed checkpoints at steps {', '.join(map(str, s['checkpoints']))}")
-        if s["best_model"]:
-            b = s["best_model"]
-            extra.append(f"best model (save_path/best): {b.get('metric')} = {fmt_value(b.get('value'))} "
-                         f"at step {b.get('step')}")
-        if s["set_aside"]:
-            extra.append("rows an attempt logged past the checkpoint a later one resumed from (set aside, not "
-                         f"shown): {', '.join(s['set_aside'])}")
-        if s["eval_s"]:
-            extra.append(f"time in evals: {fmt_seconds(s['eval_s'])}")
+        extra = run_notes(s)
         parts += [f"- {e}" for e in extra] + ([""] if extra else [])
         if s["metrics"]:
             parts += [markdown_table(metrics_table(s)), ""]
