@@ -17,7 +17,7 @@ import yaml
 from hpc_rlhf.cli import build_parser
 from hpc_rlhf.entrypoints.tools import add_report_args, report
 from hpc_rlhf.reports import ReportError, load_run, write_report
-from hpc_rlhf.reports.plots import charts, has_data, running_mean, smoothing_half_width
+from hpc_rlhf.reports.plots import charts, has_data, running_mean, series, smoothing_half_width
 from hpc_rlhf.reports.runs import (Attempt, join_attempts, parse_event, read_attempts, read_events, read_rows,
                                    run_labels)
 from hpc_rlhf.reports.summary import (direction, eval_keys, final_and_best, phase_split, phase_totals, shares,
@@ -223,6 +223,18 @@ def test_a_panel_shows_the_runs_of_its_trainer_only(tmp_path):
     kl = next(c for c in charts([kto, rl]) if c.name == "kl").panels[0]
     assert (kto.kind, rl.kind) == ("offline", "rl")
     assert not has_data(kl, [kto]) and has_data(kl, [kto, rl])
+
+
+def test_throughput_of_the_offline_trainers(tmp_path):
+    sft = load_run(write_rows(tmp_path / "sft" / "metrics.jsonl", [
+        {"step": 1, "loss": 2.0, "tokens": 400.0, "step_time_s": 0.2},
+        {"step": 2, "loss": 1.0, "tokens": 300.0, "step_time_s": 0.5}, {"step": 2, "eval_loss": 1.1}]).parent)
+    assert series(sft, "tokens_per_s") == ([1, 2], [2000.0, 600.0]) and series(sft, "samples_per_s") == ([], [])
+    dpo = write_rows(tmp_path / "dpo" / "metrics.jsonl", [{"step": 10, "loss": 0.6, "step_time_s": 0.5},
+                                                          {"step": 20, "loss": 0.5, "step_time_s": 0.25}]).parent
+    assert series(load_run(dpo), "samples_per_s") == ([], [])  # the batch size comes from the config
+    (dpo / "hpc_rlhf_config.yaml").write_text(yaml.safe_dump({"train": {"train_batch_size": 32}}))
+    assert series(load_run(dpo), "samples_per_s") == ([10, 20], [64.0, 128.0])
 
 
 def test_run_labels_tell_runs_apart(tmp_path):
