@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpc-rlhf", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     train.add_parsers(sub)  # train, plan, submit, options
-    tools.add_parsers(sub)  # tiny-model, import-gguf, lora-merge, serve-reward, status
+    tools.add_parsers(sub)  # tiny-model, import-gguf, lora-merge, serve-reward, status, report
     demo.add_parsers(sub)
     pipelines.add_parsers(sub)  # generate, score, iterative-dpo, best-of-n, make-pairs, csft-data
     return p

@@ -92,6 +92,8 @@ LAZY_THIRD_PARTY = {
     "peft": "LoRA only (model.lora_rank > 0); 19 s to import on the 2-core test machine, after torch and "
             "transformers",
     "bitsandbytes": "QLoRA only (model.load_in_4bit); 8 s to import on the same machine",
+    "matplotlib": "`hpc-rlhf report` only (reports/plots.py); 1.2 s to import on the same machine, which every "
+                  "other command would pay at start-up",
 }
 # The top layer: a node may be imported by the listed nodes only (library code never imports entry points).
 TOP_LAYER = {"cli": set(), "entrypoints": {"cli"}, "commands": {"cli", "entrypoints", "launch"}}

@@ -1,5 +1,5 @@
 """`hpc-rlhf tiny-model`, `hpc-rlhf import-gguf`, `hpc-rlhf lora-merge`, `hpc-rlhf serve-reward` and
-`hpc-rlhf status`."""
+`hpc-rlhf status` and `hpc-rlhf report`."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,7 @@ import threading
 
 from ..launch.status import StatusError, render, run_status
 from ..models import gguf, lora, tiny
+from ..reports import ReportError, write_report
 from ..rewards.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT, read_token, start_server
 from ..rewards.types import RewardError
 
@@ -141,6 +142,26 @@ def status(args: argparse.Namespace, rest: list[str] | None = None) -> int:
     return 0
 
 
+def add_report_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hpc-rlhf report RUN_DIR [RUN_DIR ...] --out DIR``."""
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help="a run's ckpt.save_path (where its metrics.jsonl is); several runs are overlaid")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="folder to write the charts (PNG), report.html and summary.md to")
+
+
+def report(args: argparse.Namespace, rest: list[str] | None = None) -> int:
+    """Write the report of ``args.run_dirs`` into ``args.out``; print what was written."""
+    try:
+        written = write_report(args.run_dirs, args.out)
+    except ReportError as e:
+        print(f"hpc-rlhf report: {e}", file=sys.stderr)
+        return 2
+    n = len(written.images)
+    print(f"wrote {n} chart{'s' * (n != 1)}, report.html and summary.md to {written.out}")
+    return 0
+
+
 def add_parsers(sub) -> None:
     for name, add_args, func, what in (
             ("tiny-model", add_tiny_model_args, tiny_model, "build a random-weight tiny model and a local tokenizer"),
@@ -150,7 +171,9 @@ def add_parsers(sub) -> None:
             ("serve-reward", add_serve_reward_args, serve_reward,
              "serve a reward-function file over HTTP (127.0.0.1 by default)"),
             ("status", add_status_args, status,
-             "where a run stands, from its files: steps, checkpoint, SLURM attempts, ETA, errors, running?")):
+             "where a run stands, from its files: steps, checkpoint, SLURM attempts, ETA, errors, running?"),
+            ("report", add_report_args, report,
+             "charts, report.html and summary.md of one or more runs, read from their folders (docs/report.md)")):
         c = sub.add_parser(name, help=what)
         add_args(c)
         c.set_defaults(func=func)
