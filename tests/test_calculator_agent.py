@@ -317,6 +317,7 @@ def memorised(tmp_path_factory):
     return root, path, data, [t.action_mask.count(1) for t in trajs]
 
 
+@pytest.mark.slow  # the default suite stays under 12 minutes (moved in issue 16)
 def test_train_rl_runs_the_calculator_tool_with_the_transformers_engine(memorised):
     root, path, data, action_lengths = memorised
     cfg = yaml.safe_load((EXAMPLE / "config.yaml").read_text())

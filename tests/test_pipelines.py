@@ -59,6 +59,7 @@ def _generate_config(assets, out: Path, **data) -> dict:
             "output": {"output_path": str(out)}}
 
 
+@pytest.mark.slow  # the default suite stays under 12 minutes (moved in issue 16)
 def test_generate_one_rank_equals_two_ranks(assets):
     root = assets["root"]
     cfg = _yaml(root / "gen.yaml", _generate_config(assets, root / "gen1.jsonl"))

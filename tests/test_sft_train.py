@@ -63,6 +63,7 @@ def _grads(model_dir: str, overrides: list[str]):
     return grads, stats["loss"], stats["micro_batches"]
 
 
+@pytest.mark.slow  # the default suite stays under 12 minutes (moved in issue 16)
 def test_gradients_equal_over_ranks_accumulation_and_packing(tiny_dir):
     one_batch = run_ranks(_grads, 1, str(tiny_dir), ["micro_train_batch_size=4"])[0]
     accum4 = run_ranks(_grads, 1, str(tiny_dir), ["micro_train_batch_size=1"])[0]

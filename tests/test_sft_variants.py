@@ -314,7 +314,11 @@ def test_bad_rows_error_names_file_and_row(base, chat_data):
     assert proc.returncode == 2
     assert f"hpc-rlhf: {chat_data} row 3: missing key 'messages'" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (root / "bad_error").exists()
+    # nothing is written but the attempt record (hpc-rlhf status), which ends with the error
+    out = root / "bad_error"
+    assert sorted(p.name for p in out.iterdir()) == ["attempts.jsonl"]
+    end = json.loads((out / "attempts.jsonl").read_text().splitlines()[-1])
+    assert end["event"] == "end" and end["reason"] == "error" and "row 3" in end["error"], end
 
 
 @pytest.mark.parametrize("override, needle", [

@@ -61,6 +61,7 @@ srun --het-group=0 bash -c '{task}' actor : --het-group=1 bash -c '{task}' rollo
     assert {r["JobID"] for r in slurm_cluster.sacct(job, allocations_only=True)} == {f"{job}+0", f"{job}+1"}
 
 
+@pytest.mark.slow  # the default suite stays under 12 minutes (moved in issue 16)
 def test_requeue_runs_the_job_again(slurm_cluster, tmp_path):
     log = tmp_path / "runs.log"
     script = _script(tmp_path / "requeue.sh", """

@@ -35,6 +35,7 @@ def test_script_options_and_sbatch_accepts_it(script, slurm_cluster, tmp_path):
     assert proc.returncode == 0 and "to start at" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow  # the default suite stays under 12 minutes (moved in issue 16)
 def test_sft_script_runs_on_two_tasks(slurm_cluster, tmp_path):
     config = with_paths(sft_config(tmp_path, 4), tmp_path, "sft")
     job = slurm_cluster.sbatch(SLURM_DIR / "sft.sbatch", *CPU_ONLY, "--ntasks-per-node=2",

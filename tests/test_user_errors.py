@@ -58,6 +58,7 @@ def test_sft_data_errors(tmp_path, capsys):
         assert capsys.readouterr().err.splitlines() == [line]
 
 
+@pytest.mark.slow  # the default suite stays under 12 minutes (moved in issue 16)
 def test_rl_data_and_reward_errors(tmp_path):
     """One rank (every role on it); the three runs in parallel.  A reward function that returns strings for
     every sample fails more than max_failure_fraction of the samples: RewardError, one line, exit 2."""
