@@ -356,6 +356,22 @@ def _status(run: Path, *extra: str, env=None) -> dict:
     return json.loads(proc.stdout)
 
 
+
+def _status_then_sigterm(proc, run, first_row_s: float, poll_s: float, exit_s: float):
+    """Once ``run``'s first metrics row is written: its status (the run live), then SIGTERM to ``proc`` and
+    its exit.  (status while running, proc's stderr)."""
+    try:
+        deadline = time.time() + first_row_s
+        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(poll_s)
+        live = st.run_status(run)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=exit_s)
+    finally:
+        proc.kill()
+    return live, err
+
 @pytest.mark.slow  # two real runs (~40 s): the default suite stays under 12 minutes
 def test_sft_run_stopped_by_sigterm_and_resumed(tmp_path):
     """A real `train sft` (one rank): while it runs, status finds its process; SIGTERM stops it at a step
@@ -369,16 +385,7 @@ def test_sft_run_stopped_by_sigterm_and_resumed(tmp_path):
     cli_cmd = [sys.executable, "-m", "hpc_rlhf.cli", "train", "sft", "--config", str(path)]
     env = dict(os.environ, OMP_NUM_THREADS="1")  # two OpenMP threads on a busy 2-core machine: steps 40x slower
     proc = subprocess.Popen(cli_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline = time.time() + 120
-        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-            time.sleep(0.05)
-        live = st.run_status(run)
-        os.kill(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    live, err = _status_then_sigterm(proc, run, first_row_s=120, poll_s=0.05, exit_s=120)
     assert proc.returncode == 3, err[-3000:]
     assert live["running"] is True and live["running_how"] == f"process {proc.pid} on this host runs"
     assert live["total_steps"] == 4 and live["trainer"] == "sft"
@@ -411,16 +418,7 @@ def test_rl_run_on_three_ranks_stopped_and_resumed(tmp_path):
                  log={"check_weight_sync": False, "use_tensorboard": False})
     run = tmp_path / "rl"
     proc = start_rl(cfg, tmp_path, "rl")
-    try:
-        deadline = time.time() + 240
-        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-            time.sleep(0.1)
-        live = st.run_status(run)
-        os.kill(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=180)
-    finally:
-        proc.kill()
+    live, err = _status_then_sigterm(proc, run, first_row_s=240, poll_s=0.1, exit_s=180)
     assert proc.returncode == 3, err[-3000:]
     assert live["state"] == "running" and live["trainer"] == "rl" and live["total_steps"] == 6
     stopped = st.run_status(run)
