@@ -25,4 +25,4 @@ def make_executor(agent, tokenizer, stop_token_ids: list[int]) -> Executor:
     feedback = FeedbackFormat(tokenizer, style, stop_token_ids)
     limits = AgentLimits(agent.max_turns, agent.max_context_len, agent.step_timeout_s, agent.max_failure_fraction)
     return MultiTurnExecutor(make_episode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                             feedback.encode, feedback, limits)
+                             feedback, limits)

@@ -151,12 +151,13 @@ class MultiTurnExecutor(Executor):
     sampling setting), step every environment concurrently, append the feedback, until each is done or cut.
 
     ``make_episode()`` makes a fresh environment; ``decode(ids)`` is the action text the environment reads;
-    ``feedback`` turns the environment's feedback text into the tokens appended (agents/feedback.py).
+    ``feedback`` turns the environment's feedback text into the tokens appended (agents/feedback.py) and
+    tokenizes an observation that reset rewrote.
     """
 
     def __init__(self, make_episode: Callable[[], Episode], decode: Callable[[list[int]], str],
-                 encode: Callable[[str], list[int]], feedback: FeedbackFormat, limits: AgentLimits):
-        self.make_episode, self.decode, self.encode = make_episode, decode, encode
+                 feedback: FeedbackFormat, limits: AgentLimits):
+        self.make_episode, self.decode = make_episode, decode
         self.feedback, self.limits = feedback, limits
         self._logged: set[str] = set()  # failure kinds already logged (each once per run)
 
@@ -218,7 +219,7 @@ class MultiTurnExecutor(Executor):
         except Exception as e:  # noqa: BLE001 - any failure of user code makes this sample invalid
             return self._fail(s, e)
         if obs != s.request.prompt_text:  # the environment rewrote the prompt: its text, tokenized on its own
-            s.context = self.encode(obs)
+            s.context = self.feedback.encode(obs)  # the tokenizer alone, no special tokens added
             if not s.context:  # the engine needs a token to start from
                 return self._fail(s, EnvFailure("malformed", "reset returned an empty observation"))
             s.traj.prompt_ids = list(s.context)
