@@ -337,7 +337,9 @@ def submit_array(p: Planned) -> str:
         raise SweepError("sbatch not found: no SLURM here (the sweep is written; --local runs it on this "
                          "machine)") from None
     if proc.returncode != 0:
-        raise SweepError(f"sbatch refused the job array: {proc.stderr.strip().splitlines()[-1:]}")
+        said = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        raise SweepError(f"sbatch refused the job array (the sweep is written; sbatch {p.sweep_dir / 'sweep.sbatch'} "
+                         f"submits it): {said}")
     job = proc.stdout.strip().split(";")[0]
     spec = array_spec(len(p.runs), _throttle(p.script))
     p.manifest["submissions"].append({"time": round(time.time(), 3), "array_job_id": job, "array": spec})
