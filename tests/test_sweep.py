@@ -124,6 +124,18 @@ def test_the_array_script_is_homogeneous_and_picks_the_config_by_task_id(base_ya
                                                       "run_dir": "runs/001"}]
 
 
+def test_with_wandb_the_sweep_is_a_group_and_each_run_named_by_its_point(base_yaml, tmp_path):
+    p = plan_sweep("rl", str(base_yaml), ["log.use_wandb=true"], ["algo.advantage_estimator=group_norm,rloo"], "2",
+                   str(tmp_path / "my-sweep"), None, local=True)
+    assert {c.log.wandb_group for c in p.configs} == {"my-sweep"}
+    assert [c.log.wandb_run_name for c in p.configs] == [
+        "advantage_estimator=group_norm, seed 5", "advantage_estimator=group_norm, seed 6",
+        "advantage_estimator=rloo, seed 5", "advantage_estimator=rloo, seed 6"]
+    own = plan_sweep("rl", str(base_yaml), ["log.use_wandb=true", "log.wandb_group=mine"], [], None,
+                     str(tmp_path / "b"), None, local=True)
+    assert own.configs[0].log.wandb_group == "mine" and own.configs[0].log.wandb_run_name == "base config"
+
+
 def test_array_components_refuse_groups_on_different_partitions(base_yaml):
     from hpc_rlhf import commands
     from hpc_rlhf.launch.job import components
@@ -277,6 +289,18 @@ def test_report_of_a_sweep_folder_writes_the_table_and_overlays_points(tmp_path)
     assert colors["advantage_estimator=a, seed 1"] != colors["advantage_estimator=b, seed 1"]
     with pytest.raises(Exception, match="is a sweep folder: report it alone"):
         write_report([sw, sw / "runs" / "000"], tmp_path / "out2")
+
+
+def test_the_report_command_on_a_sweep_folder(tmp_path, capsys):
+    sw = _hand_made_sweep(tmp_path / "sw")
+    assert main(["report", str(sw), "--out", str(tmp_path / "r")]) == 0
+    assert "report.html and summary.md" in capsys.readouterr().out
+    md = (tmp_path / "r" / "summary.md").read_text()
+    assert "| advantage_estimator=b | reward/mean | 1 | 0.7 | — | 0.9 | — |" in md
+    (sw / "sweep.json").write_text("{}")
+    assert main(["report", str(sw), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "not a sweep manifest" in err and err.count("\n") == 1
 
 
 # -- --local end to end -------------------------------------------------------------------------------------

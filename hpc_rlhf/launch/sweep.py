@@ -268,6 +268,12 @@ def plan_sweep(trainer: str, config_path: str | None, overrides: list[str], grid
                                                           f"ckpt.ckpt_path={run_dir / 'checkpoints'}"]
         if not local and hasattr(base, "slurm"):
             extra.append(f"slurm.log_dir={root / 'logs'}")
+        log_cfg = getattr(base, "log", None)
+        if getattr(log_cfg, "use_wandb", False):  # W&B: the sweep is a group, each run named by its point
+            if not log_cfg.wandb_group:
+                extra.append(f"log.wandb_group={root.name}")
+            if not log_cfg.wandb_run_name:
+                extra.append(f"log.wandb_run_name={r.label}" + ("" if r.seed is None else f", seed {r.seed}"))
         try:
             cfg = commands.load_config(name, config_path, [*overrides, *extra])
             commands.preflight(name, cfg)

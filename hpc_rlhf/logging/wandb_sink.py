@@ -62,15 +62,15 @@ class WandbSink:
 
     def __init__(self, save_path: str | Path, options: dict, run_config: dict | None, start_step: int):
         import wandb
-        os.environ.setdefault("WANDB_MODE", "offline")
+        mode = os.environ.setdefault("WANDB_MODE", "offline")  # explicit below too: wandb's settings outlive a run
         root = Path(save_path)
         self.run_id = run_id_for(root, start_step, new_run_id)
         self._run = wandb.init(project=options.get("project") or None, entity=options.get("org") or None,
                                group=options.get("group") or None, name=options.get("run_name") or root.name,
                                id=self.run_id, resume="allow", dir=str(root), config=run_config or {},
-                               reinit="create_new",
+                               reinit="create_new", mode=mode,
                                settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
-        log.info("W&B run %s (%s mode) in %s", self.run_id, os.environ["WANDB_MODE"], self._run.dir)
+        log.info("W&B run %s (%s mode) in %s", self.run_id, mode, root / "wandb")
 
     def log(self, step: int, metrics: dict) -> None:
         row = {k: v for k, v in metrics.items() if isinstance(v, float) and math.isfinite(v)}
