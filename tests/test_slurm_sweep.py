@@ -27,6 +27,7 @@ def test_slurm_refuses_a_heterogeneous_job_array(slurm_cluster, tmp_path):
                       "true\n")
     proc = slurm_cluster.run(["sbatch", "--array=0-1", str(script)], check=False)
     assert proc.returncode != 0 and "array" in proc.stderr.lower(), proc.stderr
+    print(f"sbatch --array on a heterogeneous job: {proc.stderr.strip()}")
 
 
 def _rows(run: Path) -> list[dict]:
