@@ -136,6 +136,20 @@ def test_with_wandb_the_sweep_is_a_group_and_each_run_named_by_its_point(base_ya
     assert own.configs[0].log.wandb_group == "mine" and own.configs[0].log.wandb_run_name == "base config"
 
 
+def test_render_refuses_a_heterogeneous_array_and_writes_raw_arguments_unquoted(base_yaml):
+    from hpc_rlhf import commands
+    from hpc_rlhf.launch.job import components
+    from hpc_rlhf.launch.sbatch import Raw, render
+    cfg = commands.load_config("train rl", str(base_yaml), [])
+    comps = components(cfg, commands.placement_plan("train rl", cfg))
+    with pytest.raises(ValueError, match="no heterogeneous job arrays"):
+        render(comps, cfg.slurm, ["x"], "/logs", array="0-1")  # the config asks for hetjob=always
+    import dataclasses
+    s = render(array_components(comps), dataclasses.replace(cfg.slurm, hetjob="never"),
+               ["run", "a b", Raw('"$V"')], "/logs", array="0-1", prelude=["V=1"])
+    assert "--array=0-1" in s and "V=1\nCMD=(run 'a b' \"$V\")\n" in s
+
+
 def test_array_components_refuse_groups_on_different_partitions(base_yaml):
     from hpc_rlhf import commands
     from hpc_rlhf.launch.job import components
