@@ -150,8 +150,10 @@ def _train(path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_stopped_then_resumed_sft_run_logs_to_one_wandb_run(tmp_path):
-    """`train sft` with log.use_wandb (WANDB_MODE unset: offline): 4 steps with a checkpoint every 2, then the
-    same run to 6 steps resumes from step 4 and logs steps 5-6 into the same W&B run."""
+    """`train sft` with log.use_wandb (WANDB_MODE unset: offline): 4 steps with a checkpoint every 2 (the last
+    step is exported, not checkpointed), then the same run to 6 steps resumes from step 2: it logs steps 3-6
+    into the same W&B run; step 3's loss (computed from the checkpoint's weights, before max_steps changes the
+    learning-rate schedule) is the first attempt's (exact resume)."""
     config = sft_config(tmp_path, 4)
     config["launch"] = {"nproc": 1}
     config["log"].update(use_wandb=True, wandb_project="t")
@@ -160,17 +162,17 @@ def test_a_stopped_then_resumed_sft_run_logs_to_one_wandb_run(tmp_path):
     data["ckpt"]["save_steps"] = 2
     path.write_text(yaml.safe_dump(data))
     _train(path)
-    assert (tmp_path / "sft_ckpt" / "global_step4").is_dir()
+    assert sorted(p.name for p in (tmp_path / "sft_ckpt").glob("global_step*")) == ["global_step2"]
     data["train"]["max_steps"] = 6
     data["ckpt"]["load_checkpoint"] = True
     path.write_text(yaml.safe_dump(data))
     _train(path)
     runs = offline_runs(tmp_path / "sft")
-    metrics = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     attempts = [json.loads(x) for x in (tmp_path / "sft" / "attempts.jsonl").read_text().splitlines()]
-    assert [a["start_step"] for a in attempts if a["event"] == "steps"] == [0, 4]
-    assert len({r["id"] for r in runs}) == 1 and len(runs) == 2
-    steps = [s for r in runs for s, v in r["history"] if "loss" in v]
-    assert steps == [1, 2, 3, 4, 5, 6]
-    losses = {s: v["loss"] for r in runs for s, v in r["history"] if "loss" in v}
-    assert losses == {m["step"]: pytest.approx(m["loss"]) for m in metrics if "loss" in m}
+    assert [a["start_step"] for a in attempts if a["event"] == "steps"] == [0, 2]
+    assert len(runs) == 2 and runs[0]["id"] == runs[1]["id"] == (tmp_path / "sft" / RUN_ID_FILE).read_text().strip()
+    first, second = ({s: v["loss"] for s, v in r["history"] if "loss" in v} for r in runs)
+    assert sorted(first) == [1, 2, 3, 4] and sorted(second) == [3, 4, 5, 6]  # the step axis is the global step
+    assert second[3] == pytest.approx(first[3], abs=1e-6)
+    metrics = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert {**first, **second} == {m["step"]: pytest.approx(m["loss"]) for m in metrics if "loss" in m}
