@@ -23,6 +23,7 @@ from .data.rows import DataError
 from .data.sources import check_source
 from .distributed.preemption import EXIT_STOPPED, RunStopped
 from .distributed.rendezvous import restart_count
+from .logging import wandb_sink
 from .models.loading import HubOfflineError, resolve_pretrained
 from .rewards.reward_file import check_reward_source
 from .rewards.types import RewardFileError
@@ -119,6 +120,8 @@ def preflight(name: str, cfg) -> None:
     """The checks of a run before any rank starts: the inputs its config names exist, and a trainer's ckpt_path
     holds no checkpoints it must neither resume nor overwrite (CheckpointError).  Seconds, no model loaded."""
     check_inputs(cfg)
+    if getattr(getattr(cfg, "log", None), "use_wandb", False) and (missing := wandb_sink.check_installed()):
+        raise ConfigError(missing)
     if name.startswith(TRAIN):
         choose(cfg.ckpt, dump_yaml(cfg), restart_count() > 0, report=False)
 

@@ -94,6 +94,7 @@ LAZY_THIRD_PARTY = {
     "bitsandbytes": "QLoRA only (model.load_in_4bit); 8 s to import on the same machine",
     "matplotlib": "`hpc-rlhf report` only (reports/plots.py); 1.2 s to import on the same machine, which every "
                   "other command would pay at start-up",
+    "wandb": "the optional W&B logger (log.use_wandb; the `wandb` extra): absent unless installed",
 }
 # The top layer: a node may be imported by the listed nodes only (library code never imports entry points).
 TOP_LAYER = {"cli": set(), "entrypoints": {"cli"}, "commands": {"cli", "entrypoints", "launch"}}

@@ -167,6 +167,13 @@ class LogConfig:
     logging_steps: int = field(1, ge=1, help="log metrics every N steps")
     eval_steps: int = field(-1, choices=(-1,), ge=1, help="evaluate every N steps (-1: only at the end)")
     use_tensorboard: bool = field(True, help="write TensorBoard events into save_path/tensorboard")
+    use_wandb: bool = field(False, help="also log to Weights & Biases from rank 0 (pip install 'hpc_rlhf[wandb]'); "
+                                        "offline unless WANDB_MODE is set: save_path/wandb, then `wandb sync` "
+                                        "(docs/logging.md). The API key comes from `wandb login` or WANDB_API_KEY")
+    wandb_org: str = field("", help="W&B entity (team or user; empty: your default)")
+    wandb_project: str = field("hpc_rlhf", help="W&B project")
+    wandb_group: str = field("", help="W&B group of the run (empty: none; `hpc-rlhf sweep` sets the sweep's name)")
+    wandb_run_name: str = field("", help="W&B run name (empty: the save_path folder's name)")
     check_weight_sync: bool = field(False, help="RL: after every weight sync, log checksums of the weights the "
                                                 "actor sent and each rollout rank loaded (costs a pass over them)")
     progress_bar: Literal["auto", "on", "off"] = field("auto", help="progress bar with ETA (auto: only on "

@@ -1,8 +1,9 @@
-"""`hpc-rlhf train|plan|submit TRAINER` and `hpc-rlhf options`: the trainers of the command table."""
+"""`hpc-rlhf train|plan|submit|sweep TRAINER` and `hpc-rlhf options`: the trainers of the command table."""
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from .. import commands
 from ..checkpoint.store import CheckpointError
@@ -11,6 +12,7 @@ from ..distributed.env import read_env
 from ..launch.local import already_launched, launch_local
 from ..launch.plan import run_plan
 from ..launch.submit import submit
+from ..launch.sweep import SweepError, describe, plan_sweep, run_local, submit_array, write_sweep
 
 
 def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
@@ -60,6 +62,42 @@ def cmd_submit(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace, rest: list[str]) -> int:
+    """Check the whole sweep, then write it and submit one job array (or run it here with --local)."""
+    if "=" in args.trainer or args.trainer.startswith("-"):  # no TRAINER given: an override took its place
+        rest, args.trainer = [args.trainer, *rest], "rl"
+    if args.trainer not in commands.trainers():
+        print(f"hpc-rlhf sweep: TRAINER {args.trainer!r} is not one of {', '.join(commands.trainers())}",
+              file=sys.stderr)
+        return 2
+    try:
+        planned = plan_sweep(args.trainer, args.config, rest, args.grid or [], args.seeds, args.out,
+                             args.max_parallel, args.local)
+    except SweepError as e:
+        print(f"hpc-rlhf sweep: {e}", file=sys.stderr)
+        return 2
+    print(describe(planned), flush=True)
+    if args.dry_run:
+        if planned.script is not None:
+            print("\njob array script (written as SWEEP_DIR/sweep.sbatch without --dry-run):\n")
+            print(planned.script, end="")
+        return 0
+    write_sweep(planned)
+    if args.local:
+        code = run_local(planned)
+    else:
+        try:
+            job = submit_array(planned)
+        except SweepError as e:
+            print(f"hpc-rlhf sweep: {e}", file=sys.stderr)
+            return 2
+        print(f"submitted SLURM job array {job} ({len(planned.runs)} elements, script "
+              f"{planned.sweep_dir / 'sweep.sbatch'})")
+        code = 0
+    print(f"compare the runs: hpc-rlhf report {planned.sweep_dir} --out {planned.sweep_dir / 'report'}")
+    return code
+
+
 def cmd_options(args: argparse.Namespace, rest: list[str]) -> int:
     text = commands.option_reference()
     print(reference.write(text) if args.write else text)
@@ -84,6 +122,21 @@ def add_parsers(sub) -> None:
             c.add_argument("--folder", help="submitit folder (default: slurm.log_dir/submitit)")
             c.add_argument("--wait", action="store_true", help="wait for the job and print rank 0's final metrics")
         c.set_defaults(func=func, takes_rest=True)
+
+    w = sub.add_parser("sweep", help="a grid of overrides x seeds as one SLURM job array (or --local, one run "
+                                     "after the other): hpc-rlhf sweep rl --config FILE --grid KEY=V1,V2 ...")
+    w.add_argument("trainer", nargs="?", default="rl", metavar="TRAINER",
+                   help=f"the trainer, one of {', '.join(commands.trainers())} (default rl)")
+    w.add_argument("--config", help="the base YAML config; key=value arguments override it for every run")
+    w.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
+                   help="an option and its values (repeatable: the runs are every combination)")
+    w.add_argument("--seeds", metavar="N|A,B,...",
+                   help="N seeds from the config's train.seed up, or a list; every point runs with each")
+    w.add_argument("--out", metavar="SWEEP_DIR", help="the sweep folder (default sweeps/CONFIG-DATE-TIME)")
+    w.add_argument("--max-parallel", type=int, metavar="K", help="at most K runs at once (sbatch --array=...%%K)")
+    w.add_argument("--local", action="store_true", help="no SLURM: run the runs here, one after the other")
+    w.add_argument("--dry-run", action="store_true", help="check and print the runs and the script; write nothing")
+    w.set_defaults(func=cmd_sweep, takes_rest=True)
 
     o = sub.add_parser("options", help="print the option reference (docs/options.md)")
     o.add_argument("--write", action="store_true", help="rewrite docs/options.md")

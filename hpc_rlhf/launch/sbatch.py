@@ -8,6 +8,11 @@ exactly the global rank of the placement plan.
 Per (re)start of the job the ranks log into LOG_DIR/JOBID/attempt-N/<component>-<task>.log (the
 task number is SLURM's within the component); the batch script's own output goes to
 LOG_DIR/JOBID.out, appended across restarts.
+
+A job array (`hpc-rlhf sweep`, ``array=``) is always homogeneous (SLURM refuses ``--array`` on a
+heterogeneous job): ``#SBATCH --array=...`` joins the header, ``prelude`` lines (picking the element's
+config from SLURM_ARRAY_TASK_ID) come before the command, and a ``Raw`` argument of the command is written
+as it is (a shell variable) instead of quoted.
 """
 from __future__ import annotations
 
@@ -17,8 +22,13 @@ from ..config.slurm import SlurmConfig
 from .job import JobComponent, is_hetjob
 
 
-def _header(slurm: SlurmConfig, log_dir: str) -> list[str]:
-    lines = [f"--job-name={slurm.job_name}", f"--time={slurm.time}", f"--output={log_dir}/%j.out",
+class Raw(str):
+    """A command argument written into the script unquoted (a shell expansion such as "$POINT_CONFIG")."""
+
+
+def _header(slurm: SlurmConfig, log_dir: str, array: str | None = None) -> list[str]:
+    lines = [f"--job-name={slurm.job_name}", *([f"--array={array}"] if array else []), f"--time={slurm.time}",
+             f"--output={log_dir}/%j.out",
              "--open-mode=append", "--requeue" if slurm.requeue else "--no-requeue"]
     if slurm.signal_before_end_s:
         lines.append(f"--signal=USR1@{slurm.signal_before_end_s}")
@@ -28,7 +38,8 @@ def _header(slurm: SlurmConfig, log_dir: str) -> list[str]:
     return lines
 
 
-def _allocation(comps: list[JobComponent], slurm: SlurmConfig, log_dir: str, het: bool) -> list[str]:
+def _allocation(comps: list[JobComponent], slurm: SlurmConfig, log_dir: str, het: bool,
+                array: str | None = None) -> list[str]:
     out: list[str] = []
     if het:
         per_component = [f"--time={slurm.time}"]
@@ -46,7 +57,7 @@ def _allocation(comps: list[JobComponent], slurm: SlurmConfig, log_dir: str, het
     opts = [o for o in res.sbatch_options() if not o.startswith("--nodes")]
     if all(nodes):
         opts.insert(0, f"--nodes={sum(nodes)}")
-    out.append(f"#SBATCH {' '.join(_header(slurm, log_dir))}")
+    out.append(f"#SBATCH {' '.join(_header(slurm, log_dir, array))}")
     out.append(f"#SBATCH --ntasks={total} {' '.join(opts)}")
     return out
 
@@ -57,15 +68,19 @@ def _task_cpus(n: int) -> str:
     return f"--cpus-per-task={n} --export=ALL,OMP_NUM_THREADS={n}"
 
 
-def render(comps: list[JobComponent], slurm: SlurmConfig, command: list[str], log_dir: str) -> str:
-    """The job script; ``command`` is what every task runs (argv, quoted here)."""
+def render(comps: list[JobComponent], slurm: SlurmConfig, command: list[str], log_dir: str,
+           array: str | None = None, prelude: list[str] | None = None) -> str:
+    """The job script; ``command`` is what every task runs (argv, quoted here but for ``Raw`` parts).
+    ``array``: sbatch's --array value (a job array, homogeneous); ``prelude``: shell lines before the command."""
     het = is_hetjob(comps, slurm.hetjob)
-    cmd = " ".join(shlex.quote(a) for a in command)
+    if het and array:
+        raise ValueError("SLURM has no heterogeneous job arrays: a job array's allocation is homogeneous")
+    cmd = " ".join(a if isinstance(a, Raw) else shlex.quote(a) for a in command)
     lines = ["#!/bin/bash",
-             f"# Written by hpc-rlhf ({'heterogeneous' if het else 'homogeneous'} job: "
+             f"# Written by hpc-rlhf ({'heterogeneous' if het else 'homogeneous'} {'job array' if array else 'job'}: "
              + ", ".join(f"{c.name} x{c.ntasks}" for c in comps) + ").",
              f"# The log folder must exist before sbatch: mkdir -p {log_dir}",
-             *_allocation(comps, slurm, log_dir, het),
+             *_allocation(comps, slurm, log_dir, het, array),
              "set -euo pipefail",
              "",
              "# ---- environment: module load ..., source .venv/bin/activate, container set-up ----",
@@ -78,6 +93,7 @@ def render(comps: list[JobComponent], slurm: SlurmConfig, command: list[str], lo
               'mkdir -p "$ATTEMPT_DIR"',
               'echo "hpc-rlhf: job $SLURM_JOB_ID attempt ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST,'
               ' rank logs in $ATTEMPT_DIR"']
+    lines += list(prelude or [])
     lines.append(f"CMD=({cmd})")
     common = "--kill-on-bad-exit=1 --unbuffered"
     if het:

@@ -1,4 +1,5 @@
-"""Metrics sinks: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events.
+"""Metrics sinks: ``metrics.jsonl`` (one JSON object per logged step), TensorBoard events and, optionally,
+Weights & Biases (``wandb_sink.py``).
 
 Only rank 0 writes; the other ranks get a logger that does nothing. A run that starts at step S
 keeps the rows of an earlier ``metrics.jsonl`` up to step S (the steps a resumed run does not
@@ -14,14 +15,19 @@ from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
+from .wandb_sink import WandbSink
+
 log = logging.getLogger(__name__)
 
 
 class MetricsLogger:
-    def __init__(self, save_path: str | Path, enabled: bool, use_tensorboard: bool = True, start_step: int = 0):
+    def __init__(self, save_path: str | Path, enabled: bool, use_tensorboard: bool = True, start_step: int = 0,
+                 wandb_options: dict | None = None, run_config: dict | None = None):
+        """``wandb_options`` (project, org, group, run_name): also log to W&B; ``run_config``: its config."""
         self.enabled = enabled
         self._jsonl = None
         self._tb = None
+        self._wandb = None
         if not enabled:
             return
         root = Path(save_path)
@@ -31,6 +37,8 @@ class MetricsLogger:
         self._jsonl = open(path, "a", buffering=1)
         if use_tensorboard:
             self._tb = SummaryWriter(log_dir=str(root / "tensorboard"))
+        if wandb_options is not None:
+            self._wandb = WandbSink(root, wandb_options, run_config, start_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -41,12 +49,17 @@ class MetricsLogger:
             for k, v in clean.items():
                 if isinstance(v, float) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(step, clean)
 
     def close(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
+            self._wandb = None
 
 
 def set_aside_later_rows(path: Path, start_step: int) -> None:

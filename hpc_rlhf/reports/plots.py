@@ -226,8 +226,11 @@ def _plot_line(ax, steps, values, color, dashed: bool, smooth: bool = True) -> N
 
 def _legend(fig, runs: list[Run], colors: dict[str, str], styles: bool) -> None:
     _, _, Line2D = _matplotlib()
-    handles = [Line2D([], [], color=colors[r.label], linewidth=2) for r in runs]
-    labels = [r.label for r in runs]
+    first = {}  # one entry per group (a sweep point: its seeds share the colour), else per run
+    for r in runs:
+        first.setdefault(r.group or r.label, r)
+    handles = [Line2D([], [], color=colors[r.label], linewidth=2) for r in first.values()]
+    labels = list(first)
     if styles:
         handles += [Line2D([], [], color="black", linewidth=1.6), Line2D([], [], color="black", linestyle="--",
                                                                            marker="s", markersize=4)]
@@ -348,4 +351,8 @@ def draw_step_share(runs: list[Run], path: Path) -> bool:
 
 
 def run_colors(runs: list[Run]) -> dict[str, str]:
-    return {r.label: RUN_COLORS[i % len(RUN_COLORS)] for i, r in enumerate(runs)}
+    """A colour per run label; the runs of one group (a sweep point's seeds) share theirs."""
+    groups: dict[str, int] = {}
+    for r in runs:
+        groups.setdefault(r.group or r.label, len(groups))
+    return {r.label: RUN_COLORS[groups[r.group or r.label] % len(RUN_COLORS)] for r in runs}

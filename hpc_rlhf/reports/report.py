@@ -1,5 +1,6 @@
 """`hpc-rlhf report RUN_DIR [RUN_DIR ...] --out DIR`: the charts (PNG), report.html (the charts inline, one
-file to send around) and summary.md of one or more runs."""
+file to send around) and summary.md of one or more runs.  Given a sweep folder (`hpc-rlhf sweep`), its runs
+are overlaid (a point's seeds in one colour, the points in the legends) and a table compares the points."""
 from __future__ import annotations
 
 import base64
@@ -11,8 +12,9 @@ from pathlib import Path
 from .plots import (STEP_SHARE_CAPTION, STEP_TIME_CAPTION, Chart, charts, draw_chart, draw_step_share,
                     draw_step_time, run_colors)
 from .runs import ReportError, Run, load_run, run_labels
-from .summary import (metrics_table, overview_table, phase_table, run_notes, summarize, summary_markdown,
-                      timed_rows)
+from .summary import (markdown_table, metrics_table, overview_table, phase_table, run_notes, summarize,
+                      summary_markdown, timed_rows)
+from .sweep import Sweep, is_sweep, load_sweep, sweep_notes, sweep_summaries, sweep_table
 
 STEP_TIME = "step_time"
 STEP_SHARE = "step_time_share"
@@ -24,6 +26,7 @@ class Report:
     images: list[tuple[str, str]]  # (file name, caption) of each chart written, in order
     missing: list[str]  # the charts no run had data for
     summaries: list[dict]
+    sweep_rows: list[list[str]] | None = None  # the points' table of a sweep report
 
 
 def chart_order(chart_list: list[Chart]) -> list[tuple[str, str]]:
@@ -38,8 +41,17 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Report:
     there that this one does not draw are removed (report.html shows only this one's)."""
     if not run_dirs:
         raise ReportError("no run folder given")
-    labels = run_labels([Path(p) for p in run_dirs])
-    runs = [load_run(p, label) for p, label in zip(run_dirs, labels)]
+    sweep: Sweep | None = None
+    if any(is_sweep(p) for p in run_dirs):
+        if len(run_dirs) > 1:
+            raise ReportError(f"{next(p for p in run_dirs if is_sweep(p))} is a sweep folder: report it alone")
+        sweep = load_sweep(run_dirs[0])
+        runs = sweep.runs
+        if not runs:
+            raise ReportError(f"{run_dirs[0]}: no run of the sweep has logged metrics yet")
+    else:
+        labels = run_labels([Path(p) for p in run_dirs])
+        runs = [load_run(p, label) for p, label in zip(run_dirs, labels)]
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out} is a file, not a folder")
@@ -62,9 +74,21 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Report:
             missing.append(name)
             path.unlink(missing_ok=True)
     summaries = [summarize(r) for r in runs]
-    (out / "summary.md").write_text(summary_markdown(runs, summaries) + "\n")
-    (out / "report.html").write_text(render_html(runs, summaries, out, images, missing))
-    return Report(out, images, missing, summaries)
+    text = summary_markdown(runs, summaries)
+    sweep_rows = sweep_table(sweep_summaries(sweep)) if sweep is not None else None
+    if sweep is not None:  # the points' comparison first, then the runs one by one
+        head, rest = text.split("\n", 1)
+        notes = "\n".join(f"- {n}" for n in sweep_notes(sweep))
+        text = (f"{head}\n\n## Sweep `{sweep.path}`\n\n{notes}\n\n{SWEEP_TABLE_TEXT}\n\n"
+                f"{markdown_table(sweep_rows)}\n\n## Runs\n{rest}")
+    (out / "summary.md").write_text(text + "\n")
+    (out / "report.html").write_text(render_html(runs, summaries, out, images, missing, sweep, sweep_rows))
+    return Report(out, images, missing, summaries, sweep_rows)
+
+
+SWEEP_TABLE_TEXT = ("Per point and metric: the final value (last logged) and the best value (metrics with a "
+                    "better direction) of each of the point's runs (its seeds), as mean ± sample standard "
+                    "deviation and min – max over the runs.")
 
 
 MISSING_TEXT = {"eval": "eval metrics (no eval ran: RL needs data.eval_prompt_data, the offline trainers an "
@@ -89,11 +113,15 @@ def _html_table(rows: list[list[str]]) -> str:
 
 
 def render_html(runs: list[Run], summaries: list[dict], out: Path, images: list[tuple[str, str]],
-                missing: list[str]) -> str:
+                missing: list[str], sweep: Sweep | None = None, sweep_rows: list[list[str]] | None = None) -> str:
     """One self-contained page: the tables of summary.md and every chart as an inline PNG."""
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>hpc_rlhf run report</title>",
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>Run report</h1><p>{time.strftime('%Y-%m-%d %H:%M')}; runs:</p><ul>"]
+             f"<style>{CSS}</style></head><body>", "<h1>Run report</h1>"]
+    if sweep is not None:
+        parts += [f"<h2>Sweep <code>{html.escape(str(sweep.path))}</code></h2><ul>"]
+        parts += [f"<li>{html.escape(n)}</li>" for n in sweep_notes(sweep)]
+        parts += [f"</ul><p>{html.escape(SWEEP_TABLE_TEXT)}</p>", _html_table(sweep_rows)]
+    parts += [f"<p>{time.strftime('%Y-%m-%d %H:%M')}; runs:</p><ul>"]
     parts += [f"<li><b>{html.escape(s['label'])}</b>: <code>{html.escape(s['path'])}</code></li>" for s in summaries]
     parts += ["</ul><h2>Summary</h2>", _html_table(overview_table(summaries))]
     for run, s in zip(runs, summaries):

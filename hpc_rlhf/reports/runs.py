@@ -234,6 +234,7 @@ class Run:
     checkpoints: list[int] = field(default_factory=list)  # committed checkpoint steps
     exported: bool = False  # hpc_rlhf_config.yaml in the folder: the run finished and wrote its model
     best: dict | None = None  # best/best.json: metric, value, mode, step
+    group: str = ""  # runs of one group (a sweep point's seeds) share a colour and one legend entry
 
     @property
     def kind(self) -> str:

@@ -6,6 +6,7 @@ same on every rank (they are reduced before they come back), since the row logge
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Callable
 
@@ -47,7 +48,10 @@ def run_steps(cfg, step: Callable[[int], Metrics], start: int, total: int, bound
     log_cfg = cfg.log
     if is_main:  # for `hpc-rlhf status`: where this attempt starts and how many steps the run has
         attempts.append(cfg.ckpt.save_path, "steps", start_step=start, total_steps=total, trainer=desc)
-    metrics_log = MetricsLogger(cfg.ckpt.save_path, is_main, log_cfg.use_tensorboard, start)
+    wandb_options = ({"project": log_cfg.wandb_project, "org": log_cfg.wandb_org, "group": log_cfg.wandb_group,
+                      "run_name": log_cfg.wandb_run_name} if log_cfg.use_wandb else None)
+    metrics_log = MetricsLogger(cfg.ckpt.save_path, is_main, log_cfg.use_tensorboard, start, wandb_options,
+                                dataclasses.asdict(cfg) if wandb_options is not None else None)
     progress = Progress(total, start, is_main, log_cfg.progress_bar, desc=desc)
 
     def close() -> None:
