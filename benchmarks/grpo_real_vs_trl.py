@@ -576,6 +576,10 @@ def main(argv=None) -> None:
     for s, why in skipped.items():
         log(f"skipping side {s}: {why}")
     sides = [s for s in args.sides if s not in skipped]
+    if not sides:
+        log("every side was skipped: nothing to measure")
+        print(json.dumps({"benchmark": "grpo_real_vs_trl", "skipped": skipped, "sides": {}}))
+        return
     lengths = prompt_lengths(model, data)
     prompt_max_len, prompt_mean = max(lengths), mean(lengths)
     info = model_info(model)
