@@ -78,4 +78,10 @@ class WandbSink:
             self._run.log(row, step=step)
 
     def close(self) -> None:
+        """Finish the run, then ``wandb.teardown()``: it waits until W&B's service process has written
+        everything and stops it, so the offline ``.wandb`` file is complete when close returns, even if the
+        process then ends with ``os._exit`` (which skips W&B's exit hook).  Without it, a test reading the
+        file right after ``finish()`` found a run without its run record once, on a loaded machine."""
+        import wandb
         self._run.finish()
+        wandb.teardown()
