@@ -32,6 +32,10 @@ def test_demo_learns(tmp_path):
     assert report["kto"]["heldout_pair_accuracy"] >= 0.7
     for stage in ("rm", "dpo"):
         assert report[stage]["last_loss"] < report[stage]["first_loss"], stage
+    # two tries at each held-out sum, greedy, before (the SFT model) and after the multi-turn PPO
+    mt = report["multiturn"]
+    assert mt["final_accuracy"] >= mt["sft"]["final_accuracy"] + 0.15
+    assert mt["fix_rate"] > mt["sft"]["fix_rate"]
 
 
 def test_demo_preference_data():

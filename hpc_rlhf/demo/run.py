@@ -43,6 +43,7 @@ class DemoContext:
     base_model: Path
     train_file: Path
     heldout_rows: list[dict]
+    heldout_file: Path | None = None  # the held-out rows as a prompt file (input, label)
     pairs_file: Path | None = None  # preference pairs from the training sums
     heldout_pairs_file: Path | None = None  # preference pairs from the held-out sums
     kto_file: Path | None = None  # the training pairs as unpaired labelled rows
@@ -136,6 +137,71 @@ rl_stage("ppo", {"advantage_estimator": "gae", "lambd": 0.95},
          {"n_samples_per_prompt": 2, "rollout_batch_size": 64},
          {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 5e-5,
           "critic_learning_rate": 2e-4, "freezing_actor_steps": 3, "max_steps": 40})
+
+
+ENV_FILE = Path(__file__).with_name("addition_env.py")
+# PPO: the critic's value of the state after a rejected answer is the baseline of the second try (a group
+# baseline over whole episodes would compare a fixed answer with the right first answers of its group)
+MULTITURN_ALGO = {"advantage_estimator": "gae", "gamma": 1.0, "lambd": 1.0}
+MULTITURN_ROLLOUT = {"n_samples_per_prompt": 8, "rollout_batch_size": 16}
+MULTITURN_TRAIN = {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 1e-4,
+                   "critic_learning_rate": 3e-4, "freezing_actor_steps": 5, "max_steps": 120}
+
+
+def two_turn_figures(row: dict) -> dict:
+    """First-try accuracy, final accuracy and fix rate (the wrong first answers right on the second try) from
+    an eval row's environment logs (addition_env.py)."""
+    wrong = row["eval/agent/wrong_first"]
+    return {"first_try_accuracy": round(row["eval/agent/first_try_correct"], 4),
+            "final_accuracy": round(row["eval/agent/final_correct"], 4),
+            "fix_rate": round(row["eval/agent/fixed"] / wrong, 4) if wrong > 0 else 0.0}
+
+
+@stage("multiturn")
+def multiturn_stage(ctx: DemoContext) -> dict:
+    """PPO from the SFT model with two tries at each sum (the environment of addition_env.py, max_turns 2).
+
+    Each answer earns +1 when right, -0.5 when wrong (episode totals: 1 on the first try, 0.5 after a fix,
+    -1 for two misses); a wrong first answer gets only " too small " or " too big " and the question again,
+    never the sum.  Per-turn rewards sit on each answer's last token and GAE with a critic assigns them, so
+    the second answer is judged against the value of the state after the rejection.
+
+    What the model can learn, and why the second turn starts near zero: the SFT model never saw anything
+    after its end-of-sequence token, so after a rejection it mostly answers one digit and stops (held-out fix
+    rate about 0.01).  RL teaches the first try the carry (as in the grpo stage: most of the final accuracy
+    gain) and the second try some of the retry format and the direction (too small: the carry was
+    forgotten); the fix rate rises, from a low start.  The eval runs the held-out sums through the same
+    environment, greedy on both turns, before the first step (the SFT model's figures) and after the last.
+    """
+    t0 = time.time()
+    name = "multiturn"
+    config = {
+        "model": {"pretrain": str(ctx.models["sft"]), "param_dtype": "fp32"},
+        "data": {"prompt_data": [str(ctx.train_file)], "eval_prompt_data": [str(ctx.heldout_file)],
+                 "input_key": "input", "label_key": "label"},
+        "agent": {"agent_func_path": str(ENV_FILE), "max_turns": 2, "max_context_len": 64,
+                  "feedback_template": "raw"},
+        "algo": dict(MULTITURN_ALGO),
+        "rollout": {"generate_max_len": 6, "engine": ctx.engine, "vllm_max_model_len": 64, **MULTITURN_ROLLOUT},
+        "train": {"zero_stage": 2, "seed": ctx.seed, "lr_scheduler": "constant_with_warmup",
+                  "lr_warmup_ratio": 0.0, **MULTITURN_TRAIN},
+        "eval": {"eval_at_start": True, "eval_temperature": 0.0},
+        "placement": {"colocate_all": True, "actor_num_ranks": ctx.nproc},
+        "ckpt": {"save_path": str(ctx.out / name), "ckpt_path": str(ctx.out / f"{name}_ckpt")},
+        "log": {"logging_steps": 1},
+    }
+    model_dir = run_training(ctx, "rl", name, config)
+    ctx.models[name] = model_dir
+    metrics = [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [m for m in metrics if "eval/agent/final_correct" in m]
+    rewards = [m["reward/mean"] for m in metrics if "reward/mean" in m]
+    k = max(1, len(rewards) // 5)
+    return {"sft": two_turn_figures(evals[0]), **two_turn_figures(evals[-1]), "steps": metrics[-1]["step"],
+            "reward_mean_first": round(sum(rewards[:k]) / k, 4), "reward_mean_last": round(sum(rewards[-k:]) / k, 4),
+            "seconds": round(time.time() - t0, 1)}
+
+
+multiturn_stage.needs = ("sft",)
 
 
 def preference_config(ctx: DemoContext, name: str, pretrain: Path, dataset: Path, objective: dict,
@@ -237,7 +303,7 @@ def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = 
     out.mkdir(parents=True, exist_ok=True)
     train_rows, held_rows = make_task(seed)
     train_file = write_jsonl(train_rows, out / "data" / "train.jsonl")
-    write_jsonl(held_rows, out / "data" / "heldout.jsonl")
+    heldout_file = write_jsonl(held_rows, out / "data" / "heldout.jsonl")
     # preference data: chosen = the true sum, rejected = a wrong one; held-out pairs on the held-out sums only
     train_pairs = preference_rows(train_rows, seed)
     pairs_file = write_jsonl(train_pairs, out / "data" / "pairs.jsonl")
@@ -246,7 +312,7 @@ def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = 
     base = build_tiny_model(out / "base_model", arch="llama", hidden_size=128, num_layers=4, num_heads=4,
                             intermediate_size=256, max_position_embeddings=64, seed=seed)
     ctx = DemoContext(out=out, nproc=nproc, seed=seed, engine=engine, base_model=base, train_file=train_file,
-                      heldout_rows=held_rows, pairs_file=pairs_file, heldout_pairs_file=heldout_pairs_file,
+                      heldout_rows=held_rows, heldout_file=heldout_file, pairs_file=pairs_file, heldout_pairs_file=heldout_pairs_file,
                       kto_file=kto_file)
     ctx.results["base"] = {"heldout_accuracy": heldout_accuracy(base, held_rows)}
     for name in stages:

@@ -1,0 +1,97 @@
+"""The `multiturn` demo stage: its environment (two tries at a sum) and, in the slow stage, the stage's target."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpc_rlhf.agents import AgentLimits, MultiTurnExecutor, Request, load_agent
+from hpc_rlhf.agents.feedback import FeedbackFormat
+from hpc_rlhf.demo.addition_env import RIGHT, WRONG, feedback, judge, parse_answer
+from hpc_rlhf.demo.run import ENV_FILE, two_turn_figures
+from hpc_rlhf.engines.rollout import Completion, SamplingParams
+from hpc_rlhf.models.tokenizer import build_tokenizer
+
+
+def test_judge_and_feedback():
+    first_right = {"first_try_correct": 1.0, "wrong_first": 0.0, "fixed": 0.0, "final_correct": 1.0}
+    first_wrong = {"first_try_correct": 0.0, "wrong_first": 1.0, "fixed": 0.0, "final_correct": 0.0}
+    fixed = {"first_try_correct": 0.0, "wrong_first": 1.0, "fixed": 1.0, "final_correct": 1.0}
+    assert judge(0, True) == (1.0, True, first_right)
+    assert judge(0, False) == (-0.5, False, first_wrong)
+    assert judge(1, True) == (1.0, True, fixed)
+    assert judge(1, False) == (-0.5, True, first_wrong)
+    with pytest.raises(ValueError, match="two tries at most"):
+        judge(2, True)
+    assert (RIGHT, WRONG) == (1.0, -0.5)  # totals: 1 first try, 0.5 fixed, -1 two misses
+    assert parse_answer(" 82\n") == 82 and parse_answer("8 2") is None and parse_answer("") is None
+    assert parse_answer("-3") is None and parse_answer("82<") is None
+    assert feedback(72, 82) == " too small " and feedback(92, 82) == " too big " and feedback(None, 82) == " wrong "
+
+
+class Scripted:
+    """An engine answering each prompt (by its text) with the scripted answers in turn, then EOS."""
+
+    def __init__(self, tok, answers: dict[str, list[str]]):
+        self.tok, self.answers, self.seen = tok, {k: list(v) for k, v in answers.items()}, []
+
+    def generate(self, prompts, params, seeds):
+        out = []
+        for ids in prompts:
+            text = self.tok.decode(ids)
+            self.seen.append(text)
+            question = text.split("=")[0] + "="
+            new = self.tok(self.answers[question].pop(0), add_special_tokens=False)["input_ids"]
+            new = new + [self.tok.eos_token_id]
+            out.append(Completion(list(ids), new, [-0.5] * len(new), "stop"))
+        return out
+
+
+def test_environment_through_the_executor():
+    """The stage's environment file run by the multi-turn executor: right first (1), fixed (0.5), wrong twice
+    (-1); what follows a wrong answer is the feedback and the question again, with action mask 0."""
+    tok = build_tokenizer()
+    make_episode, form = load_agent(str(ENV_FILE))
+    assert form == "openrlhf"
+    eos = tok.eos_token_id
+    fb = FeedbackFormat(tok, "raw", [eos])
+    ex = MultiTurnExecutor(make_episode, lambda ids: tok.decode(ids, skip_special_tokens=True), fb.encode, fb,
+                           AgentLimits(max_turns=2, max_context_len=64, step_timeout_s=10, max_failure_fraction=0))
+    engine = Scripted(tok, {"12+34=": ["46"], "45+37=": ["72", "82"], "19+19=": ["48", "x"]})
+    reqs = [Request(tok(q, add_special_tokens=False)["input_ids"], q, label, seed=i)
+            for i, (q, label) in enumerate([("12+34=", "46"), ("45+37=", "82"), ("19+19=", "38")])]
+    right, fixed, wrong = ex.run(engine, reqs, SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=[eos]))
+    assert (right.reward, fixed.reward, wrong.reward) == (1.0, 0.5, -1.0)
+    assert (right.turn_rewards, fixed.turn_rewards, wrong.turn_rewards) == ([1.0], [-0.5, 1.0], [-0.5, -0.5])
+    assert (right.turns, fixed.turns, wrong.turns) == (1, 2, 2)
+    assert right.extra_logs == {"first_try_correct": 1.0, "wrong_first": 0.0, "fixed": 0.0, "final_correct": 1.0}
+    assert fixed.extra_logs == {"first_try_correct": 0.0, "wrong_first": 1.0, "fixed": 1.0, "final_correct": 1.0}
+    assert wrong.extra_logs == {"first_try_correct": 0.0, "wrong_first": 1.0, "fixed": 0.0, "final_correct": 0.0}
+    retry = tok(" too small 45+37=", add_special_tokens=False)["input_ids"]
+    first, second = tok("72")["input_ids"] + [eos], tok("82")["input_ids"] + [eos]
+    assert fixed.response_ids == first + retry + second
+    assert fixed.action_mask == [1] * len(first) + [0] * len(retry) + [1] * len(second)
+    # what the model reads before its second try
+    assert "45+37=72<|endoftext|> too small 45+37=" in engine.seen
+    assert "19+19=48<|endoftext|> too big 19+19=" in engine.seen
+    assert two_turn_figures({"eval/agent/first_try_correct": 0.6, "eval/agent/final_correct": 0.7,
+                             "eval/agent/fixed": 0.1, "eval/agent/wrong_first": 0.4}) == \
+        {"first_try_accuracy": 0.6, "final_accuracy": 0.7, "fix_rate": 0.25}
+    assert two_turn_figures({"eval/agent/first_try_correct": 1.0, "eval/agent/final_correct": 1.0,
+                             "eval/agent/fixed": 0.0, "eval/agent/wrong_first": 0.0})["fix_rate"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_demo_multiturn_learns_to_fix(tmp_path):
+    """Under the same two-turn greedy protocol on the held-out sums, the trained model's final accuracy is at
+    least 0.15 above the SFT model's, and it fixes more of its wrong first answers."""
+    proc = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "demo", "--stages", "multiturn",
+                           "--out", str(tmp_path / "demo")], capture_output=True, text=True, timeout=1700)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(json.dumps(report))
+    mt = report["multiturn"]
+    assert mt["final_accuracy"] >= mt["sft"]["final_accuracy"] + 0.15
+    assert mt["fix_rate"] > mt["sft"]["fix_rate"]
+    assert mt["reward_mean_last"] > mt["reward_mean_first"]
