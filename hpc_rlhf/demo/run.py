@@ -140,12 +140,21 @@ rl_stage("ppo", {"advantage_estimator": "gae", "lambd": 0.95},
 
 
 ENV_FILE = Path(__file__).with_name("addition_env.py")
-# PPO: the critic's value of the state after a rejected answer is the baseline of the second try (a group
-# baseline over whole episodes would compare a fixed answer with the right first answers of its group)
-MULTITURN_ALGO = {"advantage_estimator": "gae", "gamma": 1.0, "lambd": 1.0}
-MULTITURN_ROLLOUT = {"n_samples_per_prompt": 8, "rollout_batch_size": 16}
-MULTITURN_TRAIN = {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 1e-4,
-                   "critic_learning_rate": 3e-4, "freezing_actor_steps": 5, "max_steps": 120}
+# Phase 1 (the retry): the first answer is the greedy one (rollout top_k 1; the environment opens the second
+# try's sampling), so the samples of a prompt share their first answer and GRPO compares second tries only;
+# groups whose rewards are all equal (a right first answer, or eight misses) are dropped.  The KL to the SFT
+# model keeps the untrained first try in place.
+RETRY_PHASE = {"algo": {"advantage_estimator": "group_norm", "loss_agg_mode": "token_mean", "init_kl_coef": 0.05,
+                        "kl_estimator": "k3"},
+               "rollout": {"n_samples_per_prompt": 8, "rollout_batch_size": 16, "top_k": 1,
+                           "dynamic_filtering": True},
+               "train": {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 2e-4,
+                         "max_steps": 80}}
+# Phase 2 (both tries): PPO with a critic; each answer's reward on its last token, GAE without discount
+BOTH_PHASE = {"algo": {"advantage_estimator": "gae", "gamma": 1.0, "lambd": 1.0},
+              "rollout": {"n_samples_per_prompt": 8, "rollout_batch_size": 16},
+              "train": {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 1e-4,
+                        "critic_learning_rate": 3e-4, "freezing_actor_steps": 5, "max_steps": 80}}
 
 
 def two_turn_figures(row: dict) -> dict:
@@ -157,48 +166,57 @@ def two_turn_figures(row: dict) -> dict:
             "fix_rate": round(row["eval/agent/fixed"] / wrong, 4) if wrong > 0 else 0.0}
 
 
-@stage("multiturn")
-def multiturn_stage(ctx: DemoContext) -> dict:
-    """PPO from the SFT model with two tries at each sum (the environment of addition_env.py, max_turns 2).
-
-    Each answer earns +1 when right, -0.5 when wrong (episode totals: 1 on the first try, 0.5 after a fix,
-    -1 for two misses); a wrong first answer gets only " too small " or " too big " and the question again,
-    never the sum.  Per-turn rewards sit on each answer's last token and GAE with a critic assigns them, so
-    the second answer is judged against the value of the state after the rejection.
-
-    What the model can learn, and why the second turn starts near zero: the SFT model never saw anything
-    after its end-of-sequence token, so after a rejection it mostly answers one digit and stops (held-out fix
-    rate about 0.01).  RL teaches the first try the carry (as in the grpo stage: most of the final accuracy
-    gain) and the second try some of the retry format and the direction (too small: the carry was
-    forgotten); the fix rate rises, from a low start.  The eval runs the held-out sums through the same
-    environment, greedy on both turns, before the first step (the SFT model's figures) and after the last.
-    """
-    t0 = time.time()
-    name = "multiturn"
+def multiturn_run(ctx: DemoContext, name: str, pretrain: Path, phase: dict, eval_at_start: bool) -> list[dict]:
+    """One `train rl` run with the two-tries environment; its metrics rows."""
     config = {
-        "model": {"pretrain": str(ctx.models["sft"]), "param_dtype": "fp32"},
+        "model": {"pretrain": str(pretrain), "param_dtype": "fp32"},
         "data": {"prompt_data": [str(ctx.train_file)], "eval_prompt_data": [str(ctx.heldout_file)],
                  "input_key": "input", "label_key": "label"},
         "agent": {"agent_func_path": str(ENV_FILE), "max_turns": 2, "max_context_len": 64,
                   "feedback_template": "raw"},
-        "algo": dict(MULTITURN_ALGO),
-        "rollout": {"generate_max_len": 6, "engine": ctx.engine, "vllm_max_model_len": 64, **MULTITURN_ROLLOUT},
+        "algo": phase["algo"],
+        "rollout": {"generate_max_len": 6, "engine": ctx.engine, "vllm_max_model_len": 64, **phase["rollout"]},
         "train": {"zero_stage": 2, "seed": ctx.seed, "lr_scheduler": "constant_with_warmup",
-                  "lr_warmup_ratio": 0.0, **MULTITURN_TRAIN},
-        "eval": {"eval_at_start": True, "eval_temperature": 0.0},
+                  "lr_warmup_ratio": 0.0, **phase["train"]},
+        "eval": {"eval_at_start": eval_at_start, "eval_temperature": 0.0},
         "placement": {"colocate_all": True, "actor_num_ranks": ctx.nproc},
         "ckpt": {"save_path": str(ctx.out / name), "ckpt_path": str(ctx.out / f"{name}_ckpt")},
         "log": {"logging_steps": 1},
     }
     model_dir = run_training(ctx, "rl", name, config)
-    ctx.models[name] = model_dir
-    metrics = [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
-    evals = [m for m in metrics if "eval/agent/final_correct" in m]
-    rewards = [m["reward/mean"] for m in metrics if "reward/mean" in m]
+    return [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@stage("multiturn")
+def multiturn_stage(ctx: DemoContext) -> dict:
+    """Two tries at each sum (addition_env.py, max_turns 2): RL from the SFT model in two `train rl` runs.
+
+    The environment answers a wrong sum with " no " and the question again, never the sum; each answer earns
+    +1 right, -0.5 wrong (episode: 1 on the first try, 0.5 after a fix, -1 for two misses).
+
+    What the model can learn, and why in two phases: the SFT model never saw anything after its
+    end-of-sequence token, so after a rejection it mostly answers one digit and stops (held-out fix rate
+    about 0.03).  Trained on both tries at once, RL teaches the first try the carry (as in the grpo stage)
+    and the second try stays where it was: its rare successes are drowned by the first try's signal.  So the
+    retry phase holds the first answer to the greedy one and trains the second try alone (its samples of one
+    prompt differ only there): the model learns to answer again, and since its rejected answers are nearly
+    all sums with the carry forgotten, to add the carry on the retry.  The second phase (PPO, both tries
+    sampled) then improves the first try while the second keeps learning.  The eval runs the held-out sums
+    through the same environment, greedy on both turns: before the first step (the SFT model), after the
+    retry phase and at the end.
+    """
+    t0 = time.time()
+    retry = multiturn_run(ctx, "multiturn_retry", ctx.models["sft"], RETRY_PHASE, eval_at_start=True)
+    t1 = time.time()
+    both = multiturn_run(ctx, "multiturn", ctx.out / "multiturn_retry", BOTH_PHASE, eval_at_start=False)
+    ctx.models["multiturn"] = ctx.out / "multiturn"
+    evals = [m for m in retry + both if "eval/agent/final_correct" in m]
+    rewards = [m["reward/mean"] for m in both if "reward/mean" in m]
     k = max(1, len(rewards) // 5)
-    return {"sft": two_turn_figures(evals[0]), **two_turn_figures(evals[-1]), "steps": metrics[-1]["step"],
+    return {"sft": two_turn_figures(evals[0]), "after_retry_phase": two_turn_figures(evals[1]),
+            **two_turn_figures(evals[-1]), "steps": [retry[-1]["step"], both[-1]["step"]],
             "reward_mean_first": round(sum(rewards[:k]) / k, 4), "reward_mean_last": round(sum(rewards[-k:]) / k, 4),
-            "seconds": round(time.time() - t0, 1)}
+            "retry_phase_seconds": round(t1 - t0, 1), "seconds": round(time.time() - t0, 1)}
 
 
 multiturn_stage.needs = ("sft",)
@@ -312,8 +330,8 @@ def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = 
     base = build_tiny_model(out / "base_model", arch="llama", hidden_size=128, num_layers=4, num_heads=4,
                             intermediate_size=256, max_position_embeddings=64, seed=seed)
     ctx = DemoContext(out=out, nproc=nproc, seed=seed, engine=engine, base_model=base, train_file=train_file,
-                      heldout_rows=held_rows, heldout_file=heldout_file, pairs_file=pairs_file, heldout_pairs_file=heldout_pairs_file,
-                      kto_file=kto_file)
+                      heldout_rows=held_rows, heldout_file=heldout_file, pairs_file=pairs_file,
+                      heldout_pairs_file=heldout_pairs_file, kto_file=kto_file)
     ctx.results["base"] = {"heldout_accuracy": heldout_accuracy(base, held_rows)}
     for name in stages:
         log.info("demo stage %s", name)
