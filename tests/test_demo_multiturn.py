@@ -7,13 +7,13 @@ import pytest
 
 from hpc_rlhf.agents import AgentLimits, MultiTurnExecutor, Request, load_agent
 from hpc_rlhf.agents.feedback import FeedbackFormat
-from hpc_rlhf.demo.addition_env import RIGHT, WRONG, feedback, judge, parse_answer
+from hpc_rlhf.demo.addition_env import RETRY, RIGHT, WRONG, is_correct, judge
 from hpc_rlhf.demo.run import ENV_FILE, two_turn_figures
 from hpc_rlhf.engines.rollout import Completion, SamplingParams
 from hpc_rlhf.models.tokenizer import build_tokenizer
 
 
-def test_judge_and_feedback():
+def test_judge():
     first_right = {"first_try_correct": 1.0, "wrong_first": 0.0, "fixed": 0.0, "final_correct": 1.0}
     first_wrong = {"first_try_correct": 0.0, "wrong_first": 1.0, "fixed": 0.0, "final_correct": 0.0}
     fixed = {"first_try_correct": 0.0, "wrong_first": 1.0, "fixed": 1.0, "final_correct": 1.0}
@@ -24,9 +24,8 @@ def test_judge_and_feedback():
     with pytest.raises(ValueError, match="two tries at most"):
         judge(2, True)
     assert (RIGHT, WRONG) == (1.0, -0.5)  # totals: 1 first try, 0.5 fixed, -1 two misses
-    assert parse_answer(" 82\n") == 82 and parse_answer("8 2") is None and parse_answer("") is None
-    assert parse_answer("-3") is None and parse_answer("82<") is None
-    assert feedback(72, 82) == " too small " and feedback(92, 82) == " too big " and feedback(None, 82) == " wrong "
+    assert is_correct(" 82\n", "82") and not is_correct("8", "82") and not is_correct("820", "82")
+    assert not is_correct("", "82") and not is_correct("8 2", "82")
 
 
 class Scripted:
@@ -39,7 +38,7 @@ class Scripted:
         out = []
         for ids in prompts:
             text = self.tok.decode(ids)
-            self.seen.append(text)
+            self.seen.append((text, params))
             question = text.split("=")[0] + "="
             new = self.tok(self.answers[question].pop(0), add_special_tokens=False)["input_ids"]
             new = new + [self.tok.eos_token_id]
@@ -57,23 +56,30 @@ def test_environment_through_the_executor():
     fb = FeedbackFormat(tok, "raw", [eos])
     ex = MultiTurnExecutor(make_episode, lambda ids: tok.decode(ids, skip_special_tokens=True), fb.encode, fb,
                            AgentLimits(max_turns=2, max_context_len=64, step_timeout_s=10, max_failure_fraction=0))
-    engine = Scripted(tok, {"12+34=": ["46"], "45+37=": ["72", "82"], "19+19=": ["48", "x"]})
+    engine = Scripted(tok, {"12+34=": ["46"], "45+37=": ["72", "82"], "19+19=": ["28", "x"]})
     reqs = [Request(tok(q, add_special_tokens=False)["input_ids"], q, label, seed=i)
             for i, (q, label) in enumerate([("12+34=", "46"), ("45+37=", "82"), ("19+19=", "38")])]
-    right, fixed, wrong = ex.run(engine, reqs, SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=[eos]))
+    greedy_first = SamplingParams(temperature=1.0, top_k=1, max_new_tokens=6, stop_token_ids=[eos])
+    right, fixed, wrong = ex.run(engine, reqs, greedy_first)
     assert (right.reward, fixed.reward, wrong.reward) == (1.0, 0.5, -1.0)
     assert (right.turn_rewards, fixed.turn_rewards, wrong.turn_rewards) == ([1.0], [-0.5, 1.0], [-0.5, -0.5])
+    assert (right.score, fixed.score, wrong.score) == (1.0, 0.5, -1.0)
     assert (right.turns, fixed.turns, wrong.turns) == (1, 2, 2)
     assert right.extra_logs == {"first_try_correct": 1.0, "wrong_first": 0.0, "fixed": 0.0, "final_correct": 1.0}
     assert fixed.extra_logs == {"first_try_correct": 0.0, "wrong_first": 1.0, "fixed": 1.0, "final_correct": 1.0}
     assert wrong.extra_logs == {"first_try_correct": 0.0, "wrong_first": 1.0, "fixed": 0.0, "final_correct": 0.0}
-    retry = tok(" too small 45+37=", add_special_tokens=False)["input_ids"]
+    retry = tok(RETRY + "45+37=", add_special_tokens=False)["input_ids"]
     first, second = tok("72")["input_ids"] + [eos], tok("82")["input_ids"] + [eos]
     assert fixed.response_ids == first + retry + second
     assert fixed.action_mask == [1] * len(first) + [0] * len(retry) + [1] * len(second)
-    # what the model reads before its second try
-    assert "45+37=72<|endoftext|> too small 45+37=" in engine.seen
-    assert "19+19=48<|endoftext|> too big 19+19=" in engine.seen
+    # what the model reads before its second try, and how it samples there: top_k off, the rest kept
+    assert ("45+37=72<|endoftext|> no 45+37=", 0) in [(text, p.top_k) for text, p in engine.seen]
+    assert [p.top_k for _, p in engine.seen] == [1, 1, 1, 0, 0]
+    assert all(p.temperature == 1.0 and p.max_new_tokens == 6 for _, p in engine.seen)
+    # a greedy eval stays greedy on the second try
+    engine = Scripted(tok, {"45+37=": ["72", "82"]})
+    ex.run(engine, reqs[1:2], SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=[eos]))
+    assert [p.greedy for _, p in engine.seen] == [True, True]
     assert two_turn_figures({"eval/agent/first_try_correct": 0.6, "eval/agent/final_correct": 0.7,
                              "eval/agent/fixed": 0.1, "eval/agent/wrong_first": 0.4}) == \
         {"first_try_accuracy": 0.6, "final_accuracy": 0.7, "fix_rate": 0.25}

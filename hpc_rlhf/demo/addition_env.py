@@ -43,16 +43,17 @@ class AgentInstance(AgentInstanceBase):
 
     def __init__(self, *args, **kwargs):
         super().__init__()
-        self.question, self.turn = "", 0
+        self.question, self.turn, self.total = "", 0, 0.0
 
     async def reset(self, states: dict, **kwargs) -> dict:
-        self.question, self.turn = states["observation"], 0
+        self.question, self.turn, self.total = states["observation"], 0, 0.0
         return {"observation": states["observation"]}
 
     async def step(self, states: dict, **kwargs) -> dict:
         reward, done, logs = judge(self.turn, is_correct(states["action_text"], states["label"]))
         self.turn += 1
-        return {"rewards": reward, "scores": reward, "done": done,
+        self.total += reward  # scores: what dynamic filtering compares, the episode's total so far
+        return {"rewards": reward, "scores": self.total, "done": done,
                 "environment_feedback": "" if done else RETRY + self.question,
                 "sampling_params": None if done else dict(RETRY_SAMPLING), "extra_logs": logs}
 
