@@ -54,7 +54,7 @@ def test_environment_through_the_executor():
     assert form == "openrlhf"
     eos = tok.eos_token_id
     fb = FeedbackFormat(tok, "raw", [eos])
-    ex = MultiTurnExecutor(make_episode, lambda ids: tok.decode(ids, skip_special_tokens=True), fb.encode, fb,
+    ex = MultiTurnExecutor(make_episode, lambda ids: tok.decode(ids, skip_special_tokens=True), fb,
                            AgentLimits(max_turns=2, max_context_len=64, step_timeout_s=10, max_failure_fraction=0))
     engine = Scripted(tok, {"12+34=": ["46"], "45+37=": ["72", "82"], "19+19=": ["28", "x"]})
     reqs = [Request(tok(q, add_special_tokens=False)["input_ids"], q, label, seed=i)
