@@ -1,12 +1,10 @@
-"""The `multiturn` demo stage: its environment (two tries at a sum) and, in the slow stage, the stage's target."""
-import json
-import subprocess
-import sys
-
+"""The `multiturn` demo stage's pure parts: its environment (two tries at a sum), the two-try demonstrations and
+the figures (the stage's target is asserted by the full demo, tests/test_demo.py)."""
 import pytest
 
 from hpc_rlhf.agents import AgentLimits, MultiTurnExecutor, Request, load_agent
 from hpc_rlhf.agents.feedback import FeedbackFormat
+from hpc_rlhf.demo.addition import forgetful_sum, retry_rows
 from hpc_rlhf.demo.addition_env import RETRY, RIGHT, WRONG, is_correct, judge
 from hpc_rlhf.demo.run import ENV_FILE, two_turn_figures
 from hpc_rlhf.engines.rollout import Completion, SamplingParams
@@ -80,24 +78,28 @@ def test_environment_through_the_executor():
     engine = Scripted(tok, {"45+37=": ["72", "82"]})
     ex.run(engine, reqs[1:2], SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=[eos]))
     assert [p.greedy for _, p in engine.seen] == [True, True]
+    # 400 sums: 240 right first, 160 wrong of which 40 fixed
     assert two_turn_figures({"eval/agent/first_try_correct": 0.6, "eval/agent/final_correct": 0.7,
-                             "eval/agent/fixed": 0.1, "eval/agent/wrong_first": 0.4}) == \
-        {"first_try_accuracy": 0.6, "final_accuracy": 0.7, "fix_rate": 0.25}
+                             "eval/agent/fixed": 0.1, "eval/agent/wrong_first": 0.4}, 400) == \
+        {"first_try_accuracy": 0.6, "final_accuracy": 0.7, "fix_rate": 0.25, "fixed": 40}
     assert two_turn_figures({"eval/agent/first_try_correct": 1.0, "eval/agent/final_correct": 1.0,
-                             "eval/agent/fixed": 0.0, "eval/agent/wrong_first": 0.0})["fix_rate"] == 0.0
+                             "eval/agent/fixed": 0.0, "eval/agent/wrong_first": 0.0}, 400)["fix_rate"] == 0.0
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_demo_multiturn_learns_to_fix(tmp_path):
-    """Under the same two-turn greedy protocol on the held-out sums, the trained model's final accuracy is at
-    least 0.15 above the SFT model's, and it fixes more of its wrong first answers."""
-    proc = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "demo", "--stages", "multiturn",
-                           "--out", str(tmp_path / "demo")], capture_output=True, text=True, timeout=1700)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(json.dumps(report))
-    mt = report["multiturn"]
-    assert mt["final_accuracy"] >= mt["sft"]["final_accuracy"] + 0.15
-    assert mt["fix_rate"] > mt["sft"]["fix_rate"]
-    assert mt["reward_mean_last"] > mt["reward_mean_first"]
+def test_retry_demonstrations():
+    """A second try only after a wrong demonstration; its input is the transcript up to the second try, its
+    output the forgotten carry again (forget_prob 1) or the true sum (forget_prob 0)."""
+    rows = [{"input": "45+37=", "output": "72", "label": "82"}, {"input": "12+34=", "output": "46", "label": "46"},
+            {"input": "19+19=", "output": "28", "label": "38"}]
+    assert retry_rows(rows, 0, " no ", "<E>", forget_prob=1.0) == [
+        {"input": "45+37=72<E> no 45+37=", "output": "72", "label": "82"},
+        {"input": "19+19=28<E> no 19+19=", "output": "28", "label": "38"}]
+    assert [r["output"] for r in retry_rows(rows, 0, " no ", "<E>", forget_prob=0.0)] == ["82", "38"]
+    assert retry_rows(rows[1:2], 0, " no ", "<E>") == []
+    # the default: the second answer forgets the carry again about 70% of the time, independently of the first
+    many = [{"input": f"{a}+{b}=", "output": str(forgetful_sum(a, b)), "label": str(a + b)}
+            for a in range(10, 100) for b in range(10, 100) if a % 10 + b % 10 >= 10]
+    second = retry_rows(many, 3, " no ", "<E>")
+    assert len(second) == len(many) == 3645
+    forgot = sum(r["output"] != r["label"] for r in second) / len(second)
+    assert 0.67 < forgot < 0.73  # binomial(3645, 0.7): standard deviation 0.008

@@ -19,8 +19,9 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..models.tiny import build_tiny_model
-from .addition import kto_rows, make_task, preference_rows, write_jsonl
-from .evaluate import exact_match_accuracy, implicit_reward_pair_accuracy, reward_model_pair_accuracy
+from .addition import kto_rows, make_task, preference_rows, retry_rows, write_jsonl
+from .addition_env import RETRY
+from .evaluate import environment_eval, exact_match_accuracy, implicit_reward_pair_accuracy, reward_model_pair_accuracy
 
 log = logging.getLogger("hpc_rlhf.demo")
 
@@ -140,6 +141,9 @@ rl_stage("ppo", {"advantage_estimator": "gae", "lambd": 0.95},
 
 
 ENV_FILE = Path(__file__).with_name("addition_env.py")
+# The two-try demonstrations: a short SFT run from the SFT model on the second tries alone
+RETRY_SFT = {"train_batch_size": 32, "max_epochs": 1, "learning_rate": 3e-4, "lr_warmup_ratio": 0.05,
+             "min_lr_ratio": 0.1}
 # Phase 1 (the retry): the first answer is the greedy one (rollout top_k 1; the environment opens the second
 # try's sampling), so the samples of a prompt share their first answer and GRPO compares second tries only;
 # groups whose rewards are all equal (a right first answer, or eight misses) are dropped.  The KL to the SFT
@@ -157,13 +161,14 @@ BOTH_PHASE = {"algo": {"advantage_estimator": "gae", "gamma": 1.0, "lambd": 1.0}
                         "critic_learning_rate": 3e-4, "freezing_actor_steps": 5, "max_steps": 80}}
 
 
-def two_turn_figures(row: dict) -> dict:
-    """First-try accuracy, final accuracy and fix rate (the wrong first answers right on the second try) from
-    an eval row's environment logs (addition_env.py)."""
+def two_turn_figures(row: dict, n: int) -> dict:
+    """First-try accuracy, final accuracy, fix rate (the wrong first answers right on the second try) and the
+    number of fixed sums, from an eval row's environment logs (addition_env.py) over ``n`` episodes."""
     wrong = row["eval/agent/wrong_first"]
     return {"first_try_accuracy": round(row["eval/agent/first_try_correct"], 4),
             "final_accuracy": round(row["eval/agent/final_correct"], 4),
-            "fix_rate": round(row["eval/agent/fixed"] / wrong, 4) if wrong > 0 else 0.0}
+            "fix_rate": round(row["eval/agent/fixed"] / wrong, 4) if wrong > 0 else 0.0,
+            "fixed": round(row["eval/agent/fixed"] * n)}
 
 
 def multiturn_run(ctx: DemoContext, name: str, pretrain: Path, phase: dict, eval_at_start: bool) -> list[dict]:
@@ -187,36 +192,71 @@ def multiturn_run(ctx: DemoContext, name: str, pretrain: Path, phase: dict, eval
     return [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def retry_sft(ctx: DemoContext) -> Path:
+    """SFT from the SFT model on the demonstrator's second tries (addition.retry_rows) mixed with as many of its
+    first tries; the model's folder."""
+    rows = [json.loads(x) for x in ctx.train_file.read_text().splitlines()]
+    eos = AutoTokenizer.from_pretrained(ctx.models["sft"]).eos_token
+    second = retry_rows(rows, ctx.seed, RETRY, eos)
+    # as many first tries (the SFT data's first rows) as second tries, so the first try stays as it was
+    demos = write_jsonl(second + rows[:len(second)], ctx.out / "data" / "retry_demos.jsonl")
+    config = {
+        "model": {"pretrain": str(ctx.models["sft"]), "param_dtype": "fp32"},
+        "data": {"dataset": [str(demos)], "input_key": "input", "output_key": "output", "max_len": 40,
+                 "eval_split_ratio": 0.02},
+        "train": {"micro_train_batch_size": RETRY_SFT["train_batch_size"] // ctx.nproc, "zero_stage": 2,
+                  "weight_decay": 0.0, "seed": ctx.seed, **RETRY_SFT},
+        "ckpt": {"save_path": str(ctx.out / "multiturn_sft"), "ckpt_path": str(ctx.out / "multiturn_sft_ckpt")},
+        "log": {"logging_steps": 20, "eval_steps": 1000},
+        "launch": {"nproc": ctx.nproc},
+    }
+    return run_training(ctx, "sft", "multiturn_sft", config)
+
+
 @stage("multiturn")
 def multiturn_stage(ctx: DemoContext) -> dict:
-    """Two tries at each sum (addition_env.py, max_turns 2): RL from the SFT model in two `train rl` runs.
+    """Two tries at each sum (addition_env.py, max_turns 2): a short SFT run on two-try demonstrations, then RL
+    in two `train rl` runs.
 
     The environment answers a wrong sum with " no " and the question again, never the sum; each answer earns
     +1 right, -0.5 wrong (episode: 1 on the first try, 0.5 after a fix, -1 for two misses).
 
-    What the model can learn, and why in two phases: the SFT model never saw anything after its
-    end-of-sequence token, so after a rejection it mostly answers one digit and stops (held-out fix rate
-    about 0.03).  Trained on both tries at once, RL teaches the first try the carry (as in the grpo stage)
-    and the second try stays where it was: its rare successes are drowned by the first try's signal.  So the
-    retry phase holds the first answer to the greedy one and trains the second try alone (its samples of one
-    prompt differ only there): the model learns to answer again, and since its rejected answers are nearly
-    all sums with the carry forgotten, to add the carry on the retry.  The second phase (PPO, both tries
-    sampled) then improves the first try while the second keeps learning.  The eval runs the held-out sums
-    through the same environment, greedy on both turns: before the first step (the SFT model), after the
-    retry phase and at the end.
+    Why the demonstrations: the shared SFT model never saw anything after its end-of-sequence token, so after a
+    rejection it answers a near-random number (held-out fix rate about 0.03; sampled, 3% of its second tries
+    are right), too rare a success for RL to build on reliably.  So the stage first fine-tunes it (1 epoch) on
+    the same demonstrator's two-try transcripts (addition.retry_rows): for each training sum whose
+    demonstrated answer forgot the carry, the transcript up to the second try and the demonstrator's second
+    answer, which forgets the carry again with the same probability 0.7 -- mixed with as many first tries so
+    the first try stays as it was.  That model (``retry_sft``) has learnt to answer again, mostly repeating the
+    forgotten sum, so its greedy fix rate stays low; it is the baseline the RL figures are compared with.
+    The shared SFT model's figures under the same protocol are reported too (``sft``).
+
+    The retry phase (GRPO) holds the first answer to the greedy one (rollout top_k 1; the environment opens
+    the second try's sampling), so the samples of a prompt differ only in their second try and the group
+    baseline compares second tries alone: the model learns to add the carry after a rejection.  The second
+    phase (PPO with a critic, both tries sampled) then teaches the first try the carry too, while the second
+    keeps its lesson.  The eval runs the held-out sums through the same environment, greedy on both turns:
+    the SFT model (``sft``, by demo/evaluate.environment_eval with the same executor), before the first RL
+    step (``retry_sft``), after the retry phase and at the end.
     """
     t0 = time.time()
-    retry = multiturn_run(ctx, "multiturn_retry", ctx.models["sft"], RETRY_PHASE, eval_at_start=True)
+    sft_logs = environment_eval(ctx.models["sft"], ctx.heldout_rows, ENV_FILE, max_turns=2, max_context_len=64)
+    start = retry_sft(ctx)
     t1 = time.time()
+    retry = multiturn_run(ctx, "multiturn_retry", start, RETRY_PHASE, eval_at_start=True)
+    t2 = time.time()
     both = multiturn_run(ctx, "multiturn", ctx.out / "multiturn_retry", BOTH_PHASE, eval_at_start=False)
     ctx.models["multiturn"] = ctx.out / "multiturn"
     evals = [m for m in retry + both if "eval/agent/final_correct" in m]
     rewards = [m["reward/mean"] for m in both if "reward/mean" in m]
     k = max(1, len(rewards) // 5)
-    return {"sft": two_turn_figures(evals[0]), "after_retry_phase": two_turn_figures(evals[1]),
-            **two_turn_figures(evals[-1]), "steps": [retry[-1]["step"], both[-1]["step"]],
+    n = len(ctx.heldout_rows)
+    return {"sft": two_turn_figures({f"eval/agent/{k}": v for k, v in sft_logs.items()}, n),
+            "retry_sft": two_turn_figures(evals[0], n), "after_retry_phase": two_turn_figures(evals[1], n),
+            **two_turn_figures(evals[-1], n), "steps": [retry[-1]["step"], both[-1]["step"]],
             "reward_mean_first": round(sum(rewards[:k]) / k, 4), "reward_mean_last": round(sum(rewards[-k:]) / k, 4),
-            "retry_phase_seconds": round(t1 - t0, 1), "seconds": round(time.time() - t0, 1)}
+            "retry_sft_seconds": round(t1 - t0, 1), "retry_phase_seconds": round(t2 - t1, 1),
+            "seconds": round(time.time() - t0, 1)}
 
 
 multiturn_stage.needs = ("sft",)
