@@ -237,9 +237,9 @@ def multiturn_stage(ctx: DemoContext) -> dict:
     baseline compares second tries alone: the model learns to add the carry after a rejection.  The second
     phase (PPO with a critic, both tries sampled) then teaches the first try the carry too, while the second
     keeps its lesson (the fix rate holds; with fewer wrong first answers the count of fixed sums falls).
-    Figures per seed: docs/agents.md, "Demo".  The eval runs the held-out sums through the same environment, greedy on both turns:
-    the SFT model (``sft``, by demo/evaluate.environment_eval with the same executor), before the first RL
-    step (``retry_sft``), after the retry phase and at the end.
+    The eval runs the held-out sums through the same environment, greedy on both turns: the SFT model
+    (``sft``, by demo/evaluate.environment_eval with the same executor), before the first RL step
+    (``retry_sft``), after the retry phase and at the end.  Figures per seed: docs/agents.md, "Demo".
     """
     t0 = time.time()
     sft_logs = environment_eval(ctx.models["sft"], ctx.heldout_rows, ENV_FILE, max_turns=2, max_context_len=64)
