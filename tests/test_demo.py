@@ -32,6 +32,13 @@ def test_demo_learns(tmp_path):
     assert report["kto"]["heldout_pair_accuracy"] >= 0.7
     for stage in ("rm", "dpo"):
         assert report[stage]["last_loss"] < report[stage]["first_loss"], stage
+    # two tries at each held-out sum, greedy: the SFT model, the model after the two-try demonstrations (the
+    # baseline: it already fixes some), after the retry phase (same first answers) and at the end
+    mt, base = report["multiturn"], report["multiturn"]["retry_sft"]
+    assert mt["final_accuracy"] >= max(base["final_accuracy"], mt["sft"]["final_accuracy"]) + 0.15
+    assert mt["fix_rate"] >= 2 * base["fix_rate"] and mt["fixed"] >= base["fixed"] + 10
+    assert mt["after_retry_phase"]["fixed"] >= base["fixed"] + 10
+    assert mt["reward_mean_last"] > mt["reward_mean_first"]
 
 
 def test_demo_preference_data():

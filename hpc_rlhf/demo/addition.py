@@ -71,3 +71,20 @@ def kto_rows(pairs: list[dict]) -> list[dict]:
         out.append({"prompt": p["prompt"], "completion": p["chosen"], "label": True})
         out.append({"prompt": p["prompt"], "completion": p["rejected"], "label": False})
     return out
+
+
+def retry_rows(train_rows: list[dict], seed: int, feedback: str, eos: str, forget_prob: float = 0.7) -> list[dict]:
+    """Two-try demonstrations from the same demonstrator: for each training row whose demonstrated answer is
+    wrong, the transcript up to the second try (``a+b=WRONG<eos>`` + ``feedback`` + ``a+b=``) as the input and
+    the demonstrator's second answer as the output; asked again, it forgets the carry with the same
+    ``forget_prob`` as the first time (independently), so the second answer mostly repeats the first."""
+    rng = random.Random(seed)
+    out = []
+    for r in train_rows:
+        if r["output"] == r["label"]:
+            continue
+        a, b = (int(x) for x in r["input"].rstrip("=").split("+"))
+        second = forgetful_sum(a, b) if rng.random() < forget_prob else a + b
+        out.append({"input": r["input"] + r["output"] + eos + feedback + r["input"], "output": str(second),
+                    "label": r["label"]})
+    return out

@@ -4,11 +4,15 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
+from ..agents import AgentLimits, FeedbackFormat, MultiTurnExecutor, Request, load_agent
 from ..config.preference import PairDataConfig
 from ..data.packing import collate_padded
 from ..data.preference import load_pairs
+from ..engines.hf_engine import HFEngine
+from ..engines.rollout import SamplingParams
 from ..models.loading import load_tokenizer
 from ..rewards.model import RewardModelScorer
+from ..roles.rollout import stop_token_ids
 from ..trainers.objectives.common import sequence_logps
 
 
@@ -33,6 +37,25 @@ def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int = 6
 def exact_match_accuracy(model, tokenizer, rows: list[dict]) -> float:
     answers = greedy_answers(model, tokenizer, [r["input"] for r in rows])
     return sum(a == r["label"] for a, r in zip(answers, rows)) / max(len(rows), 1)
+
+
+def environment_eval(model_dir, rows: list[dict], env_file, max_turns: int, max_context_len: int,
+                     max_new_tokens: int = 6) -> dict[str, float]:
+    """Greedy episodes of the environment ``env_file`` (feedback appended raw) over ``rows`` (input, label) by
+    the executor the RL eval uses, with the transformers engine: the mean of each of the environment's
+    ``extra_logs`` over the episodes."""
+    tokenizer = load_tokenizer(str(model_dir))
+    make_episode, _ = load_agent(str(env_file))
+    stop = stop_token_ids(str(model_dir), tokenizer)  # as the RL run's rollout stops
+    executor = MultiTurnExecutor(make_episode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                 FeedbackFormat(tokenizer, "raw", stop),
+                                 AgentLimits(max_turns, max_context_len, step_timeout_s=60, max_failure_fraction=0))
+    requests = [Request(tokenizer(r["input"], add_special_tokens=False)["input_ids"], r["input"], r["label"], seed=i)
+                for i, r in enumerate(rows)]
+    trajectories = executor.run(HFEngine(model_dir, max_batch_size=256), requests,
+                                SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stop))
+    keys = sorted({k for t in trajectories for k in t.extra_logs})
+    return {k: sum(t.extra_logs.get(k, 0.0) for t in trajectories) / max(len(trajectories), 1) for k in keys}
 
 
 def load_heldout_pairs(path, tokenizer) -> list:

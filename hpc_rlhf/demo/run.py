@@ -19,8 +19,9 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..models.tiny import build_tiny_model
-from .addition import kto_rows, make_task, preference_rows, write_jsonl
-from .evaluate import exact_match_accuracy, implicit_reward_pair_accuracy, reward_model_pair_accuracy
+from .addition import kto_rows, make_task, preference_rows, retry_rows, write_jsonl
+from .addition_env import RETRY
+from .evaluate import environment_eval, exact_match_accuracy, implicit_reward_pair_accuracy, reward_model_pair_accuracy
 
 log = logging.getLogger("hpc_rlhf.demo")
 
@@ -43,6 +44,7 @@ class DemoContext:
     base_model: Path
     train_file: Path
     heldout_rows: list[dict]
+    heldout_file: Path | None = None  # the held-out rows as a prompt file (input, label)
     pairs_file: Path | None = None  # preference pairs from the training sums
     heldout_pairs_file: Path | None = None  # preference pairs from the held-out sums
     kto_file: Path | None = None  # the training pairs as unpaired labelled rows
@@ -136,6 +138,130 @@ rl_stage("ppo", {"advantage_estimator": "gae", "lambd": 0.95},
          {"n_samples_per_prompt": 2, "rollout_batch_size": 64},
          {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 5e-5,
           "critic_learning_rate": 2e-4, "freezing_actor_steps": 3, "max_steps": 40})
+
+
+ENV_FILE = Path(__file__).with_name("addition_env.py")
+# The two-try demonstrations: one epoch from the SFT model on the demonstrator's second tries and as many first tries
+RETRY_SFT = {"train_batch_size": 32, "max_epochs": 1, "learning_rate": 3e-4, "lr_warmup_ratio": 0.05,
+             "min_lr_ratio": 0.1}
+# Phase 1 (the retry): the first answer is the greedy one (rollout top_k 1; the environment opens the second
+# try's sampling), so the samples of a prompt share their first answer and GRPO compares second tries only;
+# groups whose rewards are all equal (a right first answer, or eight misses) are dropped.  The KL to the start
+# model keeps the untrained first try in place.
+RETRY_PHASE = {"algo": {"advantage_estimator": "group_norm", "loss_agg_mode": "token_mean", "init_kl_coef": 0.05,
+                        "kl_estimator": "k3"},
+               "rollout": {"n_samples_per_prompt": 8, "rollout_batch_size": 16, "top_k": 1,
+                           "dynamic_filtering": True},
+               "train": {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 2e-4,
+                         "max_steps": 80}}
+# Phase 2 (both tries): PPO with a critic; each answer's reward on its last token, GAE without discount
+BOTH_PHASE = {"algo": {"advantage_estimator": "gae", "gamma": 1.0, "lambd": 1.0},
+              "rollout": {"n_samples_per_prompt": 8, "rollout_batch_size": 16},
+              "train": {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 1e-4,
+                        "critic_learning_rate": 3e-4, "freezing_actor_steps": 5, "max_steps": 60}}
+
+
+def two_turn_figures(row: dict, n: int) -> dict:
+    """First-try accuracy, final accuracy, fix rate (the wrong first answers right on the second try) and the
+    number of fixed sums, from an eval row's environment logs (addition_env.py) over ``n`` episodes."""
+    wrong = row["eval/agent/wrong_first"]
+    return {"first_try_accuracy": round(row["eval/agent/first_try_correct"], 4),
+            "final_accuracy": round(row["eval/agent/final_correct"], 4),
+            "fix_rate": round(row["eval/agent/fixed"] / wrong, 4) if wrong > 0 else 0.0,
+            "fixed": round(row["eval/agent/fixed"] * n)}
+
+
+def multiturn_run(ctx: DemoContext, name: str, pretrain: Path, phase: dict, eval_at_start: bool) -> list[dict]:
+    """One `train rl` run with the two-tries environment; its metrics rows."""
+    config = {
+        "model": {"pretrain": str(pretrain), "param_dtype": "fp32"},
+        "data": {"prompt_data": [str(ctx.train_file)], "eval_prompt_data": [str(ctx.heldout_file)],
+                 "input_key": "input", "label_key": "label"},
+        "agent": {"agent_func_path": str(ENV_FILE), "max_turns": 2, "max_context_len": 64,
+                  "feedback_template": "raw"},
+        "algo": phase["algo"],
+        "rollout": {"generate_max_len": 6, "engine": ctx.engine, "vllm_max_model_len": 64, **phase["rollout"]},
+        "train": {"zero_stage": 2, "seed": ctx.seed, "lr_scheduler": "constant_with_warmup",
+                  "lr_warmup_ratio": 0.0, **phase["train"]},
+        "eval": {"eval_at_start": eval_at_start, "eval_temperature": 0.0},
+        "placement": {"colocate_all": True, "actor_num_ranks": ctx.nproc},
+        "ckpt": {"save_path": str(ctx.out / name), "ckpt_path": str(ctx.out / f"{name}_ckpt")},
+        "log": {"logging_steps": 1},
+    }
+    model_dir = run_training(ctx, "rl", name, config)
+    return [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def retry_sft(ctx: DemoContext) -> Path:
+    """SFT from the SFT model on the demonstrator's second tries (addition.retry_rows) mixed with as many of its
+    first tries; the model's folder."""
+    rows = [json.loads(x) for x in ctx.train_file.read_text().splitlines()]
+    eos = AutoTokenizer.from_pretrained(ctx.models["sft"]).eos_token
+    second = retry_rows(rows, ctx.seed, RETRY, eos)
+    # as many first tries (the SFT data's first rows) as second tries, so the first try stays as it was
+    demos = write_jsonl(second + rows[:len(second)], ctx.out / "data" / "retry_demos.jsonl")
+    config = {
+        "model": {"pretrain": str(ctx.models["sft"]), "param_dtype": "fp32"},
+        "data": {"dataset": [str(demos)], "input_key": "input", "output_key": "output", "max_len": 40,
+                 "eval_split_ratio": 0.02},
+        "train": {"micro_train_batch_size": RETRY_SFT["train_batch_size"] // ctx.nproc, "zero_stage": 2,
+                  "weight_decay": 0.0, "seed": ctx.seed, **RETRY_SFT},
+        "ckpt": {"save_path": str(ctx.out / "multiturn_sft"), "ckpt_path": str(ctx.out / "multiturn_sft_ckpt")},
+        "log": {"logging_steps": 20, "eval_steps": 1000},
+        "launch": {"nproc": ctx.nproc},
+    }
+    return run_training(ctx, "sft", "multiturn_sft", config)
+
+
+@stage("multiturn")
+def multiturn_stage(ctx: DemoContext) -> dict:
+    """Two tries at each sum (addition_env.py, max_turns 2): a short SFT run on two-try demonstrations, then RL
+    in two `train rl` runs.
+
+    The environment answers a wrong sum with " no " and the question again, never the sum; each answer earns
+    +1 right, -0.5 wrong (episode: 1 on the first try, 0.5 after a fix, -1 for two misses).
+
+    Why the demonstrations: the shared SFT model never saw anything after its end-of-sequence token, so after a
+    rejection it answers a near-random number (held-out fix rate about 0.03; sampled, 3% of its second tries
+    are right), too rare a success for RL to build on reliably.  So the stage first fine-tunes it (1 epoch) on
+    the same demonstrator's two-try transcripts (addition.retry_rows): for each training sum whose
+    demonstrated answer forgot the carry, the transcript up to the second try and the demonstrator's second
+    answer, which forgets the carry again with the same probability 0.7 -- mixed with as many first tries so
+    the first try stays as it was.  That model (``retry_sft``) has learnt to answer again, mostly repeating the
+    forgotten sum (greedy fix rate 0.05-0.22 on seeds 1-3); it is the baseline the RL figures are compared
+    with.
+    The shared SFT model's figures under the same protocol are reported too (``sft``).
+
+    The retry phase (GRPO) holds the first answer to the greedy one (rollout top_k 1; the environment opens
+    the second try's sampling), so the samples of a prompt differ only in their second try and the group
+    baseline compares second tries alone: the model learns to add the carry after a rejection.  The second
+    phase (PPO with a critic, both tries sampled) then teaches the first try the carry too, while the second
+    keeps its lesson (the fix rate holds; with fewer wrong first answers the count of fixed sums falls).
+    The eval runs the held-out sums through the same environment, greedy on both turns: the SFT model
+    (``sft``, by demo/evaluate.environment_eval with the same executor), before the first RL step
+    (``retry_sft``), after the retry phase and at the end.  Figures per seed: docs/agents.md, "Demo".
+    """
+    t0 = time.time()
+    sft_logs = environment_eval(ctx.models["sft"], ctx.heldout_rows, ENV_FILE, max_turns=2, max_context_len=64)
+    start = retry_sft(ctx)
+    t1 = time.time()
+    retry = multiturn_run(ctx, "multiturn_retry", start, RETRY_PHASE, eval_at_start=True)
+    t2 = time.time()
+    both = multiturn_run(ctx, "multiturn", ctx.out / "multiturn_retry", BOTH_PHASE, eval_at_start=False)
+    ctx.models["multiturn"] = ctx.out / "multiturn"
+    evals = [m for m in retry + both if "eval/agent/final_correct" in m]
+    rewards = [m["reward/mean"] for m in both if "reward/mean" in m]
+    k = max(1, len(rewards) // 5)
+    n = len(ctx.heldout_rows)
+    return {"sft": two_turn_figures({f"eval/agent/{k}": v for k, v in sft_logs.items()}, n),
+            "retry_sft": two_turn_figures(evals[0], n), "after_retry_phase": two_turn_figures(evals[1], n),
+            **two_turn_figures(evals[-1], n), "steps": [retry[-1]["step"], both[-1]["step"]],
+            "reward_mean_first": round(sum(rewards[:k]) / k, 4), "reward_mean_last": round(sum(rewards[-k:]) / k, 4),
+            "retry_sft_seconds": round(t1 - t0, 1), "retry_phase_seconds": round(t2 - t1, 1),
+            "seconds": round(time.time() - t0, 1)}
+
+
+multiturn_stage.needs = ("sft",)
 
 
 def preference_config(ctx: DemoContext, name: str, pretrain: Path, dataset: Path, objective: dict,
@@ -237,7 +363,7 @@ def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = 
     out.mkdir(parents=True, exist_ok=True)
     train_rows, held_rows = make_task(seed)
     train_file = write_jsonl(train_rows, out / "data" / "train.jsonl")
-    write_jsonl(held_rows, out / "data" / "heldout.jsonl")
+    heldout_file = write_jsonl(held_rows, out / "data" / "heldout.jsonl")
     # preference data: chosen = the true sum, rejected = a wrong one; held-out pairs on the held-out sums only
     train_pairs = preference_rows(train_rows, seed)
     pairs_file = write_jsonl(train_pairs, out / "data" / "pairs.jsonl")
@@ -246,8 +372,8 @@ def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = 
     base = build_tiny_model(out / "base_model", arch="llama", hidden_size=128, num_layers=4, num_heads=4,
                             intermediate_size=256, max_position_embeddings=64, seed=seed)
     ctx = DemoContext(out=out, nproc=nproc, seed=seed, engine=engine, base_model=base, train_file=train_file,
-                      heldout_rows=held_rows, pairs_file=pairs_file, heldout_pairs_file=heldout_pairs_file,
-                      kto_file=kto_file)
+                      heldout_rows=held_rows, heldout_file=heldout_file, pairs_file=pairs_file,
+                      heldout_pairs_file=heldout_pairs_file, kto_file=kto_file)
     ctx.results["base"] = {"heldout_accuracy": heldout_accuracy(base, held_rows)}
     for name in stages:
         log.info("demo stage %s", name)
