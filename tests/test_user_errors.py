@@ -49,6 +49,8 @@ def _environ_kept():
 def test_sft_data_errors(tmp_path, capsys):
     config = sft_config(tmp_path, steps=1)
     config["launch"]["nproc"] = 1
+    # the run writes its attempt record into save_path even when a bad row stops it: keep it out of the cwd
+    config["ckpt"] = {"save_path": str(tmp_path / "run"), "ckpt_path": str(tmp_path / "run_ckpt")}
     capsys.readouterr()  # building the tiny model printed a progress bar
     for data, line in _data_files(tmp_path):
         config["data"]["dataset"] = [str(data)]
