@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..agents import AgentLimits, FeedbackFormat, MultiTurnExecutor, Request, load_agent
+from ..agents import Request, make_executor
+from ..config.rl import AgentConfig
 from ..config.preference import PairDataConfig
 from ..data.packing import collate_padded
 from ..data.preference import load_pairs
@@ -45,11 +46,10 @@ def environment_eval(model_dir, rows: list[dict], env_file, max_turns: int, max_
     the executor the RL eval uses, with the transformers engine: the mean of each of the environment's
     ``extra_logs`` over the episodes."""
     tokenizer = load_tokenizer(str(model_dir))
-    make_episode, _ = load_agent(str(env_file))
     stop = stop_token_ids(str(model_dir), tokenizer)  # as the RL run's rollout stops
-    executor = MultiTurnExecutor(make_episode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                 FeedbackFormat(tokenizer, "raw", stop),
-                                 AgentLimits(max_turns, max_context_len, step_timeout_s=60, max_failure_fraction=0))
+    agent = AgentConfig(agent_func_path=str(env_file), max_turns=max_turns, max_context_len=max_context_len,
+                        max_failure_fraction=0.0, feedback_template="raw")
+    executor = make_executor(agent, tokenizer, stop)
     requests = [Request(tokenizer(r["input"], add_special_tokens=False)["input_ids"], r["input"], r["label"], seed=i)
                 for i, r in enumerate(rows)]
     trajectories = executor.run(HFEngine(model_dir, max_batch_size=256), requests,
