@@ -220,6 +220,7 @@ class Planned:
     configs: list  # the config of each run (paths, seed and grid values set)
     manifest: dict
     script: str | None  # the array script (None with --local)
+    array: str  # its --array value (``0-N%K``)
 
 
 def plan_sweep(trainer: str, config_path: str | None, overrides: list[str], grid: list[str], seeds: str | None,
@@ -301,7 +302,8 @@ def plan_sweep(trainer: str, config_path: str | None, overrides: list[str], grid
                 {k: manifest[k] for k in ("trainer", "grid", "seeds", "points", "overrides")}:
             raise SweepError(f"--out {root} holds another sweep ({old} differs): choose another folder")
         manifest["submissions"] = prior.get("submissions") or []
-    return Planned(trainer, root, axes, seed_list, runs, configs, manifest, script)
+    return Planned(trainer, root, axes, seed_list, runs, configs, manifest, script,
+                   array_spec(len(runs), max_parallel))
 
 
 def _manifest(trainer, config_path, overrides, axes, seeds, runs) -> dict:
@@ -348,18 +350,9 @@ def submit_array(p: Planned) -> str:
         raise SweepError(f"sbatch refused the job array (the sweep is written; sbatch {p.sweep_dir / 'sweep.sbatch'} "
                          f"submits it): {said}")
     job = proc.stdout.strip().split(";")[0]
-    spec = array_spec(len(p.runs), _throttle(p.script))
-    p.manifest["submissions"].append({"time": round(time.time(), 3), "array_job_id": job, "array": spec})
+    p.manifest["submissions"].append({"time": round(time.time(), 3), "array_job_id": job, "array": p.array})
     save_manifest(p)
     return job
-
-
-def _throttle(script: str | None) -> int | None:
-    for line in (script or "").splitlines():
-        if "--array=" in line:
-            spec = line.split("--array=", 1)[1].split()[0]
-            return int(spec.split("%", 1)[1]) if "%" in spec else None
-    return None
 
 
 def run_local(p: Planned, out=sys.stdout) -> int:
