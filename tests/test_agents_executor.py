@@ -625,9 +625,11 @@ def test_real_engine_turn_zero_is_the_single_turn_sample_and_turn_one_its_own_se
     assert [(t.action_mask, t.turn_ends) for t in one] == [([1] * len(s.response_ids), [len(s.response_ids) - 1])
                                                            for s in single]
     two = agent(done_after(2)).run(hf_engine, reqs, params)
-    for r, s, t in zip(reqs, single, two):
-        context = r.prompt_ids + s.response_ids + B("<1>")
-        [c] = hf_engine.generate([context], params, [sample_seed(r.seed, TURN_SALT, 1, 0)])
+    # turn 1 of both samples is one engine call, as the executor makes it: a row's float log-probs depend on
+    # the batch it is computed in (padding, matmul blocking), its sampled ids do not
+    turn1 = hf_engine.generate([r.prompt_ids + s.response_ids + B("<1>") for r, s in zip(reqs, single)], params,
+                               [sample_seed(r.seed, TURN_SALT, 1, 0) for r in reqs])
+    for s, t, c in zip(single, two, turn1):
         assert t.response_ids == s.response_ids + B("<1>") + c.token_ids
         assert t.logprobs == s.logprobs + [0.0] * 3 + c.logprobs
         assert t.finish_reason == c.finish_reason
