@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hpc_rlhf.engines.hf_engine import HFEngine, filter_logits
+from hpc_rlhf.engines.hf_engine import HFEngine, filter_logits, gumbel_argmax
 from hpc_rlhf.engines.rollout import Completion, RolloutEngine, SamplingParams
 from hpc_rlhf.engines.seeds import sample_seed
 from hpc_rlhf.models.tiny import build_tiny_model
@@ -193,6 +193,54 @@ def test_top_p_keeps_smallest_set():
     assert kept(0.79) == [True, True, False, False]
     assert kept(0.81) == [True, True, True, False]
     assert kept(1.0) == [True] * 4
+
+
+def test_gumbel_argmax_is_the_exponential_race():
+    """p = (0.5, 0.25, 0.25); u = exp(-E) with E = (1, 0.4, 0.2): E/p = (2, 1.6, 0.8), the third token wins;
+    with E = (0.2, 0.4, 1): E/p = (0.4, 1.6, 4), the first.  A filtered-out token (-inf) never wins, and a
+    constant added to a row (its log-normaliser) changes nothing."""
+    x = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.5, 0.25, 0.25]]))
+    u = torch.exp(-torch.tensor([[1.0, 0.4, 0.2], [0.2, 0.4, 1.0]], dtype=torch.float64))
+    assert gumbel_argmax(x, u.clone()).tolist() == [2, 0]
+    assert gumbel_argmax(x + 7.5, u.clone()).tolist() == [2, 0]
+    banned = x.clone()
+    banned[0, 2] = float("-inf")  # the race's second place, token 1 (1.6 < 2), takes it
+    assert gumbel_argmax(banned, u.clone()).tolist() == [1, 0]
+    # frequencies over 20,000 rows of seeded uniforms match p within 4 standard deviations
+    n = 20_000
+    draws = gumbel_argmax(x[:1].expand(n, 3), torch.rand(n, 3, generator=torch.Generator().manual_seed(3),
+                                                           dtype=torch.float64))
+    for token, p in enumerate((0.5, 0.25, 0.25)):
+        k = int((draws == token).sum())
+        assert abs(k - n * p) <= 4 * math.sqrt(n * p * (1 - p)), (token, k)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_finished_rows_leave_the_batch_and_the_samples_stay_the_same(model_dirs, lean, monkeypatch):
+    """Rows that hit a stop token leave the decode batch once they are a quarter of it: later forwards get
+    fewer rows, and every sample is what it is alone (ids exactly, log-probs to float rounding)."""
+    engine = HFEngine(model_dirs[("llama", 0)], max_batch_size=64, lean=lean)
+    prompts = [PROMPTS[i % 4] for i in range(12)]
+    seeds = [sample_seed(5, 0, i, 0) for i in range(12)]
+    with torch.no_grad():  # the most likely first tokens of the prompts: stopping on them ends rows early
+        firsts = {int(engine.model(torch.tensor([p])).logits[0, -1].argmax()) for p in PROMPTS}
+    params = SamplingParams(temperature=1.5, max_new_tokens=24, stop_token_ids=sorted(firsts | {3, 7, 11}))
+    rows = []
+    if lean:
+        forward = engine._lean.forward
+        monkeypatch.setattr(engine._lean, "forward", lambda ids, *a: (rows.append(len(ids)), forward(ids, *a))[1])
+    else:
+        forward = engine._forward
+        monkeypatch.setattr(engine, "_forward", lambda ids, *a: (rows.append(len(ids)), forward(ids, *a))[1])
+    out = engine.generate(prompts, params, seeds)
+    lengths = sorted(len(c.token_ids) for c in out)
+    assert any(c.finish_reason == "stop" for c in out) and lengths[-1] > lengths[0]
+    assert rows[1] == 12 and min(rows[1:]) < 12, rows  # decode steps after the first finishes had fewer rows
+    assert rows[1:] == sorted(rows[1:], reverse=True)
+    for p, s, c in zip(prompts, seeds, out):
+        alone = HFEngine(engine.model, lean=lean).generate([p], params, [s])[0]
+        assert (c.token_ids, c.finish_reason) == (alone.token_ids, alone.finish_reason)
+        assert c.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
 
 
 @pytest.mark.parametrize("lean", [True, False])

@@ -107,9 +107,15 @@ class LeanDecoder:
         self.cos, self.signed_sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
 
     def select_rows(self, index: torch.Tensor) -> None:
-        """Row r of the cache becomes row ``index[r]``: prompts prefilled once serve several samples."""
-        self.keys = [k.index_select(0, index) for k in self.keys]
-        self.values = [v.index_select(0, index) for v in self.values]
+        """Row r of the cache becomes row ``index[r]``: prompts prefilled once serve several samples, and
+        finished rows leave the batch.  Only the positions written so far are copied (a forward reads no key
+        past the ones it writes)."""
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_empty((len(index),) + t.shape[1:])
+            out[:, :, :self.length] = t[:, :, :self.length].index_select(0, index)
+            return out
+        self.keys = [pick(k) for k in self.keys]
+        self.values = [pick(v) for v in self.values]
         self.key_valid = self.key_valid.index_select(0, index)
 
     def _mask(self, T: int, start: int, end: int, device) -> torch.Tensor:
