@@ -251,17 +251,18 @@ def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_
 
 
 def planned_memory(config: Path) -> dict[str, dict]:
-    """{rank: {"roles", "planned_bytes", "parts"}} from `hpc-rlhf plan`'s estimate for ``config``."""
+    """{rank: {"roles", "planned_bytes", "parts"}}: `hpc-rlhf plan`'s per-rank estimate for ``config``."""
     from hpc_rlhf import commands
-    from hpc_rlhf.launch.plan import role_memory
+    from hpc_rlhf.launch.plan import rank_memory, role_memory
     cfg = commands.load_config("train rl", str(config), [])
     plan = commands.placement_plan("train rl", cfg)
     per_role = role_memory(cfg, plan)
     out = {}
-    for rank in range(plan.world_size):
-        roles = plan.roles_of(rank)
-        parts = {f"{role}/{k}": v for role in roles for k, v in per_role.get(role, {}).items() if "CPU" not in k}
-        out[str(rank)] = {"roles": list(roles), "planned_bytes": sum(parts.values()), "parts": parts}
+    for comp, total in rank_memory(cfg, plan, per_role):
+        roles = comp.placement.roles
+        parts = {f"{role}/{k}": v for role in roles for k, v in per_role.get(role, {}).items()}
+        for rank in comp.placement.ranks:
+            out[str(rank)] = {"roles": list(roles), "planned_bytes": total, "parts": parts}
     return out
 
 

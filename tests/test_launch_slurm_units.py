@@ -94,16 +94,34 @@ def test_script_is_valid_bash():
 
 
 def test_memory_counts_by_hand():
-    shape = memory.ModelShape(params=1000, hidden=8, layers=2, kv_heads=2, head_dim=4)
+    shape = memory.ModelShape(params=1000, hidden=8, layers=2, kv_heads=2, head_dim=4, vocab=10, intermediate=32)
+    # activations per token and layer: b * (11 h + 3 kv + 4 i) = b * (88 + 24 + 128) = 240 b
+    assert memory.activation_bytes(shape, 2) == 480
+    assert memory.activation_bytes(memory.ModelShape(1000, 8, 2, 2, 4, gated=False), 4) == 4 * (88 + 24 + 2 * 32)
     # bf16 weights 2 B/param; ZeRO-2 over 4 ranks shards gradients (2000/4) and AdamW
-    # (8 B moments + 4 B fp32 master = 12000 B, /4); activations 34 B * (2*16 tokens) * 8 hidden * 2 layers
+    # (8 B moments + 4 B fp32 master = 12000 B, /4); activations 480 B * (2*16 tokens) * 2 layers
     assert memory.trained(shape, "bf16", 2, 4, False, False, 2, 16, False) == {
-        "weights": 2000, "gradients": 500, "optimizer": 3000, "activations": 34 * 32 * 8 * 2}
-    # fp32, ZeRO-3: weights sharded too; activations doubled for 4-byte values; no master copy
-    assert memory.trained(shape, "fp32", 3, 2, False, False, 1, 10, False) == {
-        "weights": 2000, "gradients": 2000, "optimizer": 4000, "activations": 68 * 10 * 8 * 2}
+        "weights": 2000, "gradients": 500, "optimizer": 3000, "activations": 480 * 32 * 2}
+    # fp32, ZeRO-3: weights sharded too; 4-byte activations; no master copy; logits of 6 positions per
+    # sequence: 5 float32 copies of [1 x 6, 10 vocab]
+    assert memory.trained(shape, "fp32", 3, 2, False, False, 1, 10, False, logit_positions=6) == {
+        "weights": 2000, "gradients": 2000, "optimizer": 4000, "activations": 960 * 10 * 2, "logits": 5 * 4 * 6 * 10}
+    # gradient checkpointing: each layer's input (4 B * 8 hidden per token and layer) plus one full layer
+    assert memory.trained(shape, "fp32", 0, 1, True, False, 1, 10, True)["activations"] == 4 * 8 * 10 * 2 + 960 * 10
     # the rollout's cache: 2 (k and v) * layers * kv_heads * head_dim * 2 B * sequences * length
     assert memory.generating(shape, "bf16", 3, 5)["kv cache"] == 2 * 2 * 2 * 4 * 2 * 3 * 5
+    # the lean decoder's packed copy: all weights but the untied input embedding (10 x 8), or all when tied
+    assert memory.generating(shape, "fp32", 3, 5, packed=True)["packed weights"] == (1000 - 80) * 4
+    tied = memory.ModelShape(1000, 8, 2, 2, 4, vocab=10, tied=True)
+    assert memory.generating(tied, "fp32", 3, 5, packed=True)["packed weights"] == 4000
+    assert memory.generating(shape, "fp32", 3, 5, preallocated_kv=7) == {"weights": 4000,
+                                                                          "kv cache (preallocated)": 7}
+    # a rank: lasting parts of all its roles + the largest phase of one role + the runtime; CPU parts left out
+    actor = {"weights": 10, "optimizer (CPU)": 1000, "activations": 50, "logits": 20}
+    rollout = {"weights": 10, "packed weights": 10, "kv cache": 60}
+    assert memory.rank_total([actor, rollout]) == 30 + 70 + memory.RUNTIME_BYTES
+    assert memory.rank_total([rollout]) == 20 + 60 + memory.RUNTIME_BYTES
+    assert memory.rank_total([{}]) == memory.RUNTIME_BYTES
 
 
 def test_plan_command_prints_placement_memory_and_script(tmp_path):

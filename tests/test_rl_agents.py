@@ -173,18 +173,16 @@ def _rollout(base: dict, env: Path | None, temperature: float = 1.0):
 
 
 def _trainer_logprobs(cfg, samples, pad_id: int, mask_feedback: bool = True) -> tuple[torch.Tensor, object]:
-    """The actor's log-probs of the response tokens (roles/experience.response_logprobs on collated samples)."""
+    """The actor's log-probs of the response tokens (roles/experience: response_logits, response_logprobs)."""
     from hpc_rlhf.models.loading import load_causal_lm
-    from hpc_rlhf.roles.experience import collate, response_logprobs
+    from hpc_rlhf.roles.experience import collate, response_logits, response_logprobs
     model = load_causal_lm(cfg.model).eval()
     batch = collate(samples, pad_id)
     if not mask_feedback:  # every response position
         lengths = torch.tensor([len(s.response_ids) for s in samples])
         batch.mask = (torch.arange(batch.mask.shape[1])[None, :] < lengths[:, None]).float()
     with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids, use_cache=False).logits
-    return response_logprobs(logits, batch), batch
+        return response_logprobs(response_logits(model, batch), batch), batch
 
 
 def test_trainer_and_engine_logprobs_agree_on_the_action_tokens(assets):

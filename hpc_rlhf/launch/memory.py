@@ -1,17 +1,29 @@
 """Memory per rank of each role, estimated from the model config and the run's settings.
 
-Counts (bytes per parameter; N parameters, D data-parallel ranks of the role):
-- weights: 2 (bf16) or 4 (fp32); ZeRO-3 divides them by D.
-- gradients of a trained model: the same dtype as the weights; ZeRO-2/3 divide them by D.
+Counts (bytes per parameter; N parameters, D data-parallel ranks of the role; h hidden, kv the key/value
+width, i the MLP width, V the vocabulary; b = 2 for bf16 values, 4 for fp32):
+- weights: b; ZeRO-3 divides them by D.
+- gradients of a trained model: b; ZeRO-2/3 divide them by D.
 - AdamW: two fp32 moments (8) plus an fp32 master copy (4) when the weights are bf16; ZeRO-1/2/3
   divide them by D; with `adam_offload` they sit in CPU memory instead.
 - LoRA: gradients and optimizer states of the adapters only (counted as zero here).
-- activations of one micro-batch, without recomputation, about 34 · tokens · hidden bytes per layer
-  in 16-bit (Korthikanti et al. 2022, without the attention-score term that fused attention avoids;
-  doubled in fp32); with gradient checkpointing, 2 · tokens · hidden per layer plus one full layer.
-- rollout: weights plus the key/value cache of the rank's sequences at full length.
-An estimate for planning: allocator fragmentation, CUDA context (~0.5–1 GiB) and framework buffers
-are not in it.
+- activations of one micro-batch at full length, without recomputation: per token and layer, the tensors
+  autograd keeps for the backward pass of a Llama-style layer with a fused attention kernel: b x (11 h + 3 kv
+  + 4 i) (the two RMS norms' inputs, squares and outputs; queries, keys and values before and after the
+  rotation; the attention output; the gated MLP's four i-wide tensors; 2 i for an ungated MLP).  Measured on
+  SmolLM2-135M in fp32 (16 rows, backward of the token log-probs): 1.43-1.53 MiB per token against 1.49
+  counted.  With gradient checkpointing: each layer's input (b h per token and layer) plus one full layer.
+- logits of a trained policy: 5 float32 [tokens, V] tensors per position that needs logits (the head's
+  output, the response positions gathered from it, their log-softmax, and the gradients of the last two in
+  the backward pass); measured 5.25 on SmolLM2-135M.
+- rollout: weights, the lean decoder's packed copy of the linear weights (transformers engine, llama-family
+  models), and the key/value cache of the rank's sequences at full length (vLLM: the cache it preallocates,
+  `vllm_cpu_kv_cache_gib` on a CPU rank).
+- runtime: 0.5 GiB per rank: the process with Python, torch and the libraries on a CPU rank (0.36-0.45 GiB
+  measured here), about the CUDA context on a GPU.
+The parts in TRANSIENT live only during one phase (a colocated rank generates, then trains), so a rank's
+peak is its lasting parts plus the largest phase.  An estimate for planning: allocator fragmentation and
+framework buffers are not in it.
 """
 from __future__ import annotations
 
@@ -23,6 +35,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from ..models.loading import resolve_pretrained
 
 
+RUNTIME_BYTES = 2 ** 29
+TRANSIENT = ("activations", "logits", "kv cache")  # the parts that live during one phase only
+LOGIT_COPIES = 5
+
+
 @dataclass(frozen=True)
 class ModelShape:
     params: int
@@ -30,6 +47,11 @@ class ModelShape:
     layers: int
     kv_heads: int
     head_dim: int
+    vocab: int = 0
+    intermediate: int = 0     # MLP width (0: 4 x hidden)
+    gated: bool = True        # a gated MLP (SwiGLU: gate and up projections)
+    tied: bool = False        # input embedding and output head share their weights
+    model_type: str = ""
 
 
 def model_shape(pretrain: str) -> ModelShape:
@@ -39,9 +61,20 @@ def model_shape(pretrain: str) -> ModelShape:
         model = AutoModelForCausalLM.from_config(cfg)
     params = sum(p.numel() for p in model.parameters())
     heads = getattr(cfg, "num_attention_heads", 1)
+    names = [n for n, _ in model.named_modules()]
     return ModelShape(params=params, hidden=cfg.hidden_size, layers=cfg.num_hidden_layers,
                       kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-                      head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+                      head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                      vocab=getattr(cfg, "vocab_size", 0) or 0,
+                      intermediate=getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 0,
+                      gated=any(n.endswith(("gate_proj", ".w3")) for n in names),
+                      tied=bool(getattr(cfg, "tie_word_embeddings", False)), model_type=cfg.model_type)
+
+
+def activation_bytes(shape: ModelShape, b: int) -> int:
+    """Bytes autograd keeps per token and layer (see the module docstring)."""
+    i = shape.intermediate or 4 * shape.hidden
+    return b * (11 * shape.hidden + 3 * shape.kv_heads * shape.head_dim + (4 if shape.gated else 2) * i)
 
 
 def _dtype_bytes(param_dtype: str) -> int:
@@ -49,7 +82,8 @@ def _dtype_bytes(param_dtype: str) -> int:
 
 
 def trained(shape: ModelShape, param_dtype: str, zero_stage: int, ranks: int, lora: bool, offload: bool,
-            micro_batch: int, seq_len: int, checkpointing: bool) -> dict[str, int]:
+            micro_batch: int, seq_len: int, checkpointing: bool, logit_positions: int = 0) -> dict[str, int]:
+    """A trained model's parts; ``logit_positions`` > 0 adds the logits of that many positions per sequence."""
     b = _dtype_bytes(param_dtype)
     n = shape.params
     out = {"weights": n * b // (ranks if zero_stage == 3 else 1)}
@@ -58,11 +92,12 @@ def trained(shape: ModelShape, param_dtype: str, zero_stage: int, ranks: int, lo
         optim = n * (8 + (4 if b == 2 else 0)) // (ranks if zero_stage >= 1 else 1)
         out["optimizer (CPU)" if offload else "optimizer"] = optim
     tokens = micro_batch * seq_len
-    act_bytes = 34 * (b // 2)
     if checkpointing:
-        out["activations"] = 2 * tokens * shape.hidden * shape.layers * (b // 2) + act_bytes * tokens * shape.hidden
+        out["activations"] = b * tokens * shape.hidden * shape.layers + activation_bytes(shape, b) * tokens
     else:
-        out["activations"] = act_bytes * tokens * shape.hidden * shape.layers
+        out["activations"] = activation_bytes(shape, b) * tokens * shape.layers
+    if logit_positions > 0 and shape.vocab:
+        out["logits"] = LOGIT_COPIES * 4 * micro_batch * logit_positions * shape.vocab
     return out
 
 
@@ -70,10 +105,28 @@ def frozen(shape: ModelShape, param_dtype: str) -> dict[str, int]:
     return {"weights": shape.params * _dtype_bytes(param_dtype)}
 
 
-def generating(shape: ModelShape, param_dtype: str, sequences: int, seq_len: int) -> dict[str, int]:
+def generating(shape: ModelShape, param_dtype: str, sequences: int, seq_len: int, packed: bool = False,
+               preallocated_kv: int | None = None) -> dict[str, int]:
+    """A rollout engine's parts: ``packed`` adds the lean decoder's copy of the linear weights (all but the input
+    embedding, whose transpose is the head when they are tied); ``preallocated_kv`` replaces the cache of
+    ``sequences`` at ``seq_len`` with what the engine reserves (vLLM), which then lasts."""
     b = _dtype_bytes(param_dtype)
-    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * b * sequences * seq_len
-    return {"weights": shape.params * b, "kv cache": kv}
+    out = {"weights": shape.params * b}
+    if packed:
+        out["packed weights"] = (shape.params - (0 if shape.tied else shape.vocab * shape.hidden)) * b
+    if preallocated_kv is not None:
+        out["kv cache (preallocated)"] = preallocated_kv
+    else:
+        out["kv cache"] = 2 * shape.layers * shape.kv_heads * shape.head_dim * b * sequences * seq_len
+    return out
+
+
+def rank_total(role_parts: list[dict[str, int]]) -> int:
+    """One rank's peak from the parts of its roles: the lasting parts (not CPU-side ones) of all, plus the
+    largest phase (the transient parts of one role), plus the runtime."""
+    lasting = sum(v for parts in role_parts for k, v in parts.items() if k not in TRANSIENT and "CPU" not in k)
+    phase = max((sum(v for k, v in parts.items() if k in TRANSIENT) for parts in role_parts), default=0)
+    return lasting + phase + RUNTIME_BYTES
 
 
 def gib(n: int) -> str:

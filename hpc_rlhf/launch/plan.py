@@ -5,6 +5,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..engines.lean_decoder import SUPPORTED as LEAN_SUPPORTED
 from . import memory
 from .job import JobComponent, components, is_hetjob
 from .sbatch import render
@@ -27,9 +28,10 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
     actor = memory.model_shape(m.pretrain)
     lora = m.lora_rank > 0
     if plan is None:  # one role group: the trained model, and a frozen reference or teacher on its ranks
-        out = {"actor": memory.trained(actor, m.param_dtype, t.zero_stage, cfg.launch.nproc, lora, t.adam_offload,
-                                       t.micro_train_batch_size, cfg.data.max_len, m.gradient_checkpointing)}
         objective = getattr(cfg, "objective", None)
+        logits = 0 if type(cfg).__name__ == "RMConfig" else cfg.data.max_len  # a reward model has a value head
+        out = {"actor": memory.trained(actor, m.param_dtype, t.zero_stage, cfg.launch.nproc, lora, t.adam_offload,
+                                       t.micro_train_batch_size, cfg.data.max_len, m.gradient_checkpointing, logits)}
         for attr, role in (("ref_pretrain", "reference"), ("teacher_pretrain", "teacher")):
             if hasattr(objective, attr) and not (role == "reference" and getattr(objective, "ref_precompute", False)):
                 path = getattr(objective, attr) or m.pretrain
@@ -41,9 +43,11 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
         if plan.has(role):
             path = m.pretrain if role == "actor" else (cfg.critic_pretrain or cfg.reward.reward_pretrain or m.pretrain)
             shape = actor if path == m.pretrain else memory.model_shape(path)
+            # the actor's logits: the response positions (the whole context budget of a multi-turn sample)
+            logits = (seq - (0 if cfg.agent.agent_func_path else cfg.data.prompt_max_len)) if role == "actor" else 0
             out[role] = memory.trained(shape, m.param_dtype, t.zero_stage, len(plan.ranks_of(role)),
                                        lora and role == "actor", t.adam_offload, t.micro_train_batch_size, seq,
-                                       m.gradient_checkpointing)
+                                       m.gradient_checkpointing, logits)
     if plan.has("reference"):
         out["reference"] = memory.frozen(memory.model_shape(cfg.ref_pretrain or m.pretrain), m.param_dtype)
     if plan.has("reward"):
@@ -52,8 +56,18 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
     if plan.has("rollout"):
         r = cfg.rollout
         per_rank = -(-r.rollout_batch_size * r.n_samples_per_prompt // len(plan.ranks_of("rollout")))
-        out["rollout"] = memory.generating(actor, m.param_dtype, min(per_rank, r.max_batch_size), seq)
+        on_cpu = not next(c for c in components(cfg, plan) if "rollout" in c.placement.roles).resources.gpus_per_task
+        out["rollout"] = memory.generating(
+            actor, m.param_dtype, min(per_rank, r.max_batch_size), seq,
+            packed=r.engine == "hf" and r.lean_decoder and actor.model_type in LEAN_SUPPORTED,
+            preallocated_kv=r.vllm_cpu_kv_cache_gib * 2 ** 30 if r.engine == "vllm" and on_cpu else None)
     return out
+
+
+def rank_memory(cfg, plan, per_role: dict[str, dict[str, int]]) -> list[tuple[JobComponent, int]]:
+    """Each component's peak bytes per rank (``memory.rank_total`` of the roles it runs)."""
+    return [(c, memory.rank_total([per_role.get(role, {}) for role in c.placement.roles]))
+            for c in components(cfg, plan)]
 
 
 def _component_line(c: JobComponent, width: int) -> str:
@@ -87,6 +101,10 @@ def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[s
             continue
         detail = ", ".join(f"{k} {memory.gib(v)}" for k, v in parts.items())
         lines.append(f"  {role:<10} {memory.gib(sum(v for k, v in parts.items() if 'CPU' not in k)):>10}  ({detail})")
+    if per_role:
+        lines += ["per rank (its roles' lasting parts, the largest phase of one role: activations, logits or kv "
+                  f"cache, and {memory.gib(memory.RUNTIME_BYTES)} runtime):"]
+        lines += [f"  {c.name:<{width}}  {memory.gib(total):>10}" for c, total in rank_memory(cfg, plan, per_role)]
     lines += ["", "sbatch script (`hpc-rlhf submit` submits this; `hpc-rlhf plan ... --script-only > job.sbatch` "
               "saves it for `sbatch job.sbatch`):", "", job_script(cfg, trainer, plan, config_path, overrides)]
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from ..algorithms.rl_algorithm import RLAlgorithm
 from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import load_causal_lm
-from .experience import Experience, RLBatch, gather_positions, padded, response_logprobs
+from .experience import Experience, RLBatch, padded, response_logits, response_logprobs
 from .training import optimizer_steps, per_sample, run_optimizer_step
 
 
@@ -28,8 +28,7 @@ class Actor:
         return self.engine.module
 
     def _logits(self, batch: RLBatch) -> torch.Tensor:
-        return self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                           position_ids=batch.position_ids, use_cache=False).logits
+        return response_logits(self.engine, batch)
 
     def logprobs(self, samples: list[Experience]) -> list[list[float]]:
         return per_sample(self.engine, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device,
@@ -47,7 +46,7 @@ class Actor:
         ref = (padded([s.ref_logprobs for s in samples], R).to(logp.device)
                if samples[0].ref_logprobs is not None else None)
         token_loss, metrics = self.algo.actor_token_loss(
-            logp, old, engine, ref, adv, batch.mask, lambda: entropy_from_logits(gather_positions(logits, batch)))
+            logp, old, engine, ref, adv, batch.mask, lambda: entropy_from_logits(logits))
         if self.temperature == 1.0:
             trainer = old
         else:  # the engine's log-probs are at temperature 1: compare with the current policy's at 1

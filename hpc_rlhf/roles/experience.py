@@ -1,6 +1,7 @@
 """What one generated sample carries through the phases of an RL step, and its model-ready batches."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -78,6 +79,7 @@ class RLBatch:
     logit_index: torch.Tensor     # [B, R] positions whose logits predict the response tokens
     tokens: torch.Tensor          # [B, R] response tokens
     mask: torch.Tensor            # [B, R] 1.0 on real response tokens
+    logit_start: int = 0          # the first position whose logits predict a response token (shortest prompt - 1)
 
 
 def collate(samples: list[Experience], pad_id: int, device: torch.device | str = "cpu") -> RLBatch:
@@ -98,29 +100,49 @@ def collate(samples: list[Experience], pad_id: int, device: torch.device | str =
         tokens[b, :r] = torch.tensor(s.response_ids)
         mask[b, :r] = torch.tensor(s.loss_mask)
     pos = (att.cumsum(1) - 1).clamp(min=0)
-    return RLBatch(ids.to(device), att.to(device), pos.to(device), index.to(device), tokens.to(device), mask.to(device))
+    start = max(min(len(s.prompt_ids) for s in samples) - 1, 0)
+    return RLBatch(ids.to(device), att.to(device), pos.to(device), index.to(device), tokens.to(device), mask.to(device),
+                   start)
 
 
-def gather_positions(x: torch.Tensor, batch: RLBatch) -> torch.Tensor:
-    """x [B, T, ...] -> [B, R, ...] at the positions that predict the response tokens."""
-    idx = batch.logit_index
+def gather_positions(x: torch.Tensor, batch: RLBatch, offset: int = 0) -> torch.Tensor:
+    """x [B, T - offset, ...] (positions ``offset`` and on) -> [B, R, ...] at the positions that predict the
+    response tokens (past a row's response: its first kept position, which the mask zeroes)."""
+    idx = (batch.logit_index - offset).clamp(min=0) if offset else batch.logit_index
     if x.dim() == 3:
         idx = idx.unsqueeze(-1).expand(-1, -1, x.size(-1))
     return torch.gather(x, 1, idx)
 
 
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the causal LM under a DeepSpeed engine (``.module``) or a PEFT model (``get_base_model``) takes
+    transformers' ``logits_to_keep``."""
+    inner = getattr(model, "module", model)
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+
+
+def response_logits(model: torch.nn.Module, batch: RLBatch) -> torch.Tensor:
+    """The logits that predict the response tokens [B, R, V].  A model that takes ``logits_to_keep`` runs its
+    output head only from the batch's first such position on: the prompt positions before it need no logits
+    (an [out, vocab] product and a [tokens, vocab] tensor per position saved)."""
+    kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                  use_cache=False)
+    start = batch.logit_start if batch.logit_start > 0 and takes_logits_to_keep(model) else 0
+    if start:
+        kwargs["logits_to_keep"] = batch.input_ids.size(1) - start
+    return gather_positions(model(**kwargs).logits, batch, start)
+
+
 def response_logprobs(logits: torch.Tensor, batch: RLBatch, temperature: float = 1.0) -> torch.Tensor:
-    """log p(response token) [B, R] (zeros past each response's end)."""
-    picked = gather_positions(logits, batch).float()
+    """log p(response token) [B, R] from the response positions' logits [B, R, V] (zeros past each response's
+    end)."""
+    picked = logits.float()
     if temperature not in (0.0, 1.0):
         picked = picked / temperature
     logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.tokens.unsqueeze(-1)).squeeze(-1)
     return logp * batch.mask
-
-
-def response_entropy(logits: torch.Tensor, batch: RLBatch) -> torch.Tensor:
-    logp = torch.log_softmax(gather_positions(logits, batch).float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1) * batch.mask
 
 
 def padded(rows: list[list[float]], width: int) -> torch.Tensor:

