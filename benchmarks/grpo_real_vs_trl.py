@@ -383,7 +383,7 @@ def ours_round(python: str, config: Path, log: Path, samples_per_step: int) -> t
             continue
         records.append({"step_s": row["time/step_s"], "phases": split,
                         "rollout_generate_s": row.get("time/rollout_generate_s", split["generation"]),
-                        "weight_sync_s": row.get("time/weight_sync_s", 0.0),
+                        "weight_sync_s": split["weight sync"],  # the transfer: without the wait for the rollout rank
                         "generated_tokens": row["response_length/mean"] * samples_per_step,
                         "reward_mean": row["reward/mean"], "response_length_mean": row["response_length/mean"]})
     return records, peaks

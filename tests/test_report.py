@@ -167,6 +167,11 @@ def test_phase_split_maps_the_timers_to_the_five_phases():
     # generation not timed apart: the whole collect
     no_gen = {k: v for k, v in row.items() if k != "time/rollout_generate_s"}
     assert phase_split(no_gen)["generation"] == 4.0 and phase_split(no_gen)["log-probs and reward"] == 1.0
+    # the actor leader waited 0.3 s of its 0.5 s sync for the rollout ranks (still generating): generation 3.3,
+    # weight sync 0.2; a wait above the sync time (clock skew) counts at most the sync
+    waited = phase_split({**row, "time/weight_sync_wait_s": 0.3})
+    assert waited["generation"] == pytest.approx(3.3) and waited["weight sync"] == pytest.approx(0.2)
+    assert phase_split({**row, "time/weight_sync_wait_s": 0.7})["weight sync"] == 0.0
     # timed parts above the step time: other is 0, not negative
     assert phase_split({**row, "time/step_s": 9.0})["other"] == 0.0
     assert phase_split({"step": 1, "loss": 1.0}) is None

@@ -9,6 +9,7 @@ per parameter.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -136,18 +137,26 @@ def unpack(specs: list[ParamSpec], flat: torch.Tensor) -> list[tuple[str, torch.
     return out
 
 
+@dataclass(frozen=True)
+class Sent:
+    buckets: int
+    wait_s: float  # the leader's wait for the rollout ranks to join the first broadcast (they were busy)
+
+
 def send_weights(bridge: Bridge | None, buckets: Iterator[tuple[list[ParamSpec], torch.Tensor]],
-                 is_leader: bool, local_engine=None) -> int:
+                 is_leader: bool, local_engine=None) -> Sent:
     """Actor side: walk every bucket (all actor ranks), broadcast from the leader, and load into a
-    colocated engine when there is one.  Returns the number of buckets."""
-    count = 0
+    colocated engine when there is one."""
+    count, wait = 0, 0.0
     if local_engine is not None:
         local_engine.begin_weight_update()
     for specs, flat in buckets:
         count += 1
         if is_leader and bridge is not None:
             if count == 1:
+                t0 = time.perf_counter()
                 bridge.broadcast_object(None, 0)  # rendezvous on gloo before a GPU collective
+                wait = time.perf_counter() - t0
             bridge.broadcast_object([(s.name, s.shape) for s in specs], 0)
             bridge.broadcast(flat.to(bridge.device), 0)
         if local_engine is not None:
@@ -156,7 +165,7 @@ def send_weights(bridge: Bridge | None, buckets: Iterator[tuple[list[ParamSpec],
         bridge.broadcast_object("done", 0)
     if local_engine is not None:
         local_engine.finish_weight_update()
-    return count
+    return Sent(count, wait)
 
 
 def receive_weights(bridge: Bridge, engine, dtype: torch.dtype) -> int:

@@ -51,8 +51,8 @@ def gumbel_argmax(filtered: torch.Tensor, uniforms: torch.Tensor) -> torch.Tenso
 
     ``argmax(x_i - log(-log u_i))`` equals the exponential race ``argmin(E_i / p_i)`` with ``E_i = -log u_i``
     and ``p = softmax(x)``: the winner is distributed as ``p``.  The row's log-normaliser is left out: a
-    constant per row does not move its argmax.  In place, so a decode step at batch 64 over a 49k vocabulary
-    costs two passes over the uniforms instead of five arrays of their size.
+    constant per row does not move its argmax.  In place: at 64 rows of a 49,152-token vocabulary on the 2-core
+    CPU of docs/performance.md, 10 ms instead of 21-52 ms with a log-softmax and new arrays (the same tokens).
     """
     gumbel = uniforms.log_().neg_().log_().neg_()
     return torch.argmax(gumbel.add_(filtered), dim=-1)

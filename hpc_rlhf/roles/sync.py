@@ -33,7 +33,7 @@ class WeightSync:
         t0 = time.time()
         out: dict[str, float] = {}
         if self.actor is not None:
-            out = self._send()
+            out = self._send()  # the leader: time/weight_sync_wait_s, its wait for the rollout ranks
         elif self.rollout is not None and self.ctx.plan.has("actor"):  # no actor: `hpc-rlhf eval`
             receive_weights(self.ctx.weights, self.rollout.engine, self.dtype)
         if self.rollout is not None and self.check:
@@ -54,11 +54,11 @@ class WeightSync:
                 if track:
                     self.sent_parts.update((n, tensor_part_checksum(t)) for n, t in unpack(specs, flat))
                 yield specs, flat
-        send_weights(self.ctx.weights, tracked(actor_buckets(items, zero3, self.dtype, BUCKET_BYTES)),
-                     is_leader=leader, local_engine=self.rollout.engine if self.rollout is not None else None)
+        sent = send_weights(self.ctx.weights, tracked(actor_buckets(items, zero3, self.dtype, BUCKET_BYTES)),
+                            is_leader=leader, local_engine=self.rollout.engine if self.rollout is not None else None)
         self.base_sent = True
-        if not track:
-            return {}
-        # over every tensor the engines hold: the ones sent now and the frozen ones sent before
-        return {"sync/checksum_sent": combine_checksums(self.sent_parts),
-                "sync/numel_sent": float(sum(it.spec.numel for it in items))}
+        out = {"time/weight_sync_wait_s": sent.wait_s} if self.ctx.weights is not None and leader else {}
+        if track:  # over every tensor the engines hold: the ones sent now and the frozen ones sent before
+            out |= {"sync/checksum_sent": combine_checksums(self.sent_parts),
+                    "sync/numel_sent": float(sum(it.spec.numel for it in items))}
+        return out
