@@ -36,7 +36,11 @@ def test_demo_learns(tmp_path):
     # baseline: it already fixes some), after the retry phase (same first answers) and at the end
     mt, base = report["multiturn"], report["multiturn"]["retry_sft"]
     assert mt["final_accuracy"] >= max(base["final_accuracy"], mt["sft"]["final_accuracy"]) + 0.15
-    assert mt["fix_rate"] >= 2 * base["fix_rate"] and mt["fixed"] >= base["fixed"] + 10
+    # the fix rate at the end, over enough wrong first answers to mean something; the count of fixed sums is
+    # compared only after the retry phase, whose first answers are nearly the baseline's (at the end the first
+    # try has learnt too, so fewer first answers are wrong and fewer sums are left to fix)
+    assert mt["fix_rate"] >= 2 * base["fix_rate"] and mt["fixed"] / mt["fix_rate"] >= 30
+    assert mt["after_retry_phase"]["fix_rate"] >= 2 * base["fix_rate"]
     assert mt["after_retry_phase"]["fixed"] >= base["fixed"] + 10
     assert mt["reward_mean_last"] > mt["reward_mean_first"]
 

@@ -109,13 +109,14 @@ class LeanDecoder:
     def select_rows(self, index: torch.Tensor) -> None:
         """Row r of the cache becomes row ``index[r]``: prompts prefilled once serve several samples, and
         finished rows leave the batch.  Only the positions written so far are copied (a forward reads no key
-        past the ones it writes)."""
+        past the ones it writes), one layer at a time, so the old and new caches never both exist whole."""
         def pick(t: torch.Tensor) -> torch.Tensor:
             out = t.new_empty((len(index),) + t.shape[1:])
             out[:, :, :self.length] = t[:, :, :self.length].index_select(0, index)
             return out
-        self.keys = [pick(k) for k in self.keys]
-        self.values = [pick(v) for v in self.values]
+        for cache in (self.keys, self.values):
+            for i, t in enumerate(cache):
+                cache[i] = pick(t)
         self.key_valid = self.key_valid.index_select(0, index)
 
     def _mask(self, T: int, start: int, end: int, device) -> torch.Tensor:
