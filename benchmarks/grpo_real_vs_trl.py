@@ -5,7 +5,7 @@ training split, prompts rendered with the model's chat template, rewarded by hpc
 (``builtin:math``; TRL gets the same function through a wrapper of its reward signature), ``--prompts`` ×
 ``--samples`` samples per step (8 × 8), up to ``--max-new-tokens`` (256) new tokens at temperature 1, no
 reference model (beta 0), one optimizer step per batch (``--micro-batch`` rows per forward/backward, the
-rest accumulated, on both sides), fp32, the same learning rate.  Sides (``--sides``):
+rest accumulated, on both sides), fp32 (``--dtype bf16``: bf16), the same learning rate.  Sides (``--sides``):
 
   trl             TRL's GRPOTrainer in its best CPU configuration: transformers ``generate`` of the whole
                   generation batch at once (steps_per_generation = gradient_accumulation_steps, so no extra
@@ -159,7 +159,9 @@ class PeakMemory:
         for p in self._tree():
             try:
                 hwm = parse_hwm_bytes(Path(f"/proc/{p}/status").read_text())
-                if p not in self.rank:
+                # read again while it looks like "main": a rank seen between the launcher's fork and its exec
+                # still holds the launcher's environment
+                if self.rank.get(p, "main") == "main":
                     env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
                     ranks = [e[5:].decode() for e in env if e.startswith(b"RANK=")]
                     self.rank[p] = ranks[0] if ranks else "main"
@@ -208,8 +210,9 @@ def prompt_lengths(model: str, data: Path) -> list[int]:
     return [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
 
 
-def model_info(model: str) -> dict:
-    """Parameters, those that take part in matrix products (all but an untied input embedding), bytes."""
+def model_info(model: str, dtype: str = "fp32") -> dict:
+    """Parameters, those that take part in matrix products (all but an untied input embedding), bytes in
+    ``dtype``."""
     from transformers import AutoConfig
 
     from hpc_rlhf.launch.memory import model_shape
@@ -218,7 +221,7 @@ def model_info(model: str) -> dict:
     embed = cfg.vocab_size * cfg.hidden_size
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     return {"params": params, "matmul_params": params if tied else params - embed, "tied_embeddings": tied,
-            "weight_bytes": 4 * params}
+            "weight_bytes": (2 if dtype == "bf16" else 4) * params}
 
 
 def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_len: int, engine: str,
@@ -230,10 +233,10 @@ def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_
     rollout = {"engine": engine, "n_samples_per_prompt": args.samples, "rollout_batch_size": args.prompts,
                "generate_max_len": args.max_new_tokens, "temperature": 1.0, "max_batch_size": n}
     if engine == "vllm":  # a KV cache that holds every row at full length, so no row waits or is preempted
-        kv = generating(model_shape(model), "fp32", n, prompt_max_len + args.max_new_tokens)["kv cache"]
+        kv = generating(model_shape(model), args.dtype, n, prompt_max_len + args.max_new_tokens)["kv cache"]
         rollout |= {"vllm_max_model_len": prompt_max_len + args.max_new_tokens,
                     "vllm_cpu_kv_cache_gib": max(1, math.ceil(kv / 2 ** 30))}
-    cfg = {"model": {"pretrain": model, "param_dtype": "fp32"},
+    cfg = {"model": {"pretrain": model, "param_dtype": args.dtype},
            "data": {"prompt_data": [str(data)], "input_key": "prompt", "label_key": "answer",
                     "apply_chat_template": True, "prompt_max_len": prompt_max_len},
            "reward": {"reward_func": "builtin:math"},
@@ -332,14 +335,17 @@ def run_trl(spec_path: str, out: str) -> None:
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": r["prompt"]}] for r in rows],
                                  "answer": [r["answer"] for r in rows]})
     n, micro = spec["rows"], spec["micro_batch"]
+    # bf16: the model's weights in bf16 and bf16=True, TRL's own recipe (model_init_kwargs dtype bfloat16)
+    bf16 = spec.get("dtype") == "bf16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
     cfg = GRPOConfig(output_dir=str(Path(out).parent / "trl_out"), per_device_train_batch_size=micro,
                      gradient_accumulation_steps=n // micro, steps_per_generation=n // micro,
                      num_generations=spec["samples"], max_completion_length=spec["max_new_tokens"], temperature=1.0,
                      top_p=1.0, top_k=0, beta=0.0, num_iterations=1, learning_rate=spec["lr"], max_steps=spec["steps"],
-                     logging_steps=10 ** 6, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
+                     logging_steps=10 ** 6, save_strategy="no", report_to=[], use_cpu=True, bf16=bf16,
                      seed=spec["seed"], dataloader_num_workers=0, gradient_checkpointing=False,
                      use_transformers_continuous_batching=spec["generation"] == "continuous_batching")
-    trainer = Timed(model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32),
+    trainer = Timed(model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype),
                     reward_funcs=[math_reward], args=cfg, train_dataset=dataset,
                     processing_class=AutoTokenizer.from_pretrained(spec["model"]), callbacks=[Timer()])
     trainer.train()
@@ -351,7 +357,7 @@ def trl_round(args, root: Path, model: str, data: Path) -> tuple[list[dict], dic
     spec.write_text(json.dumps({"model": model, "data": str(data), "rows": args.prompts * args.samples,
                                 "samples": args.samples, "micro_batch": args.micro_batch,
                                 "max_new_tokens": args.max_new_tokens, "lr": args.lr, "steps": args.steps,
-                                "seed": args.seed, "generation": args.trl_generation}))
+                                "seed": args.seed, "generation": args.trl_generation, "dtype": args.dtype}))
     out = root / "trl_records.json"
     peaks = run_child([sys.executable, __file__, "--_trl", str(spec), str(out)], root / "trl.log",
                       env=child_env())
@@ -420,17 +426,17 @@ def side_summary(rounds: list[dict]) -> dict:
     return out
 
 
-def fractions(side: dict, info: dict, limits: dict, batch: int, between_ranks: bool) -> dict:
-    """The issue's fractions of the machine limits for one side's medians."""
+def fractions(side: dict, info: dict, limits: dict, batch: int, between_ranks: bool, dtype: str = "fp32") -> dict:
+    """The issue's fractions of the machine limits for one side's medians, against the peak of ``dtype``."""
+    peak = limits[f"matmul_flops_{dtype}"]
     dec = ml.decode_limit_s(side["generated_tokens_per_step"], side["prompt_tokens_per_step"], batch,
-                            info["weight_bytes"], info["matmul_params"], limits["matmul_flops_fp32"],
-                            limits["copy_bytes_per_s"])
+                            info["weight_bytes"], info["matmul_params"], peak, limits["copy_bytes_per_s"])
     tokens = side["generated_tokens_per_step"] + side["prompt_tokens_per_step"]
     sync = side["weight_sync_s"]
     return {"decode_vs_limit": ml.fraction(dec["limit_s"], side["rollout_generate_s"]),
             "decode_limit_binds": dec["binds"], "decode_limit_s": dec["limit_s"],
-            "train_vs_peak_fp32": ml.train_fraction(info["matmul_params"], tokens, side["phases"]["training"],
-                                                    limits["matmul_flops_fp32"]),
+            f"train_vs_peak_{dtype}": ml.train_fraction(info["matmul_params"], tokens, side["phases"]["training"],
+                                                        peak),
             "weight_sync_vs_copy": ml.sync_fraction(info["weight_bytes"], sync, limits["copy_bytes_per_s"]),
             "weight_sync_between_ranks": between_ranks}
 
@@ -465,9 +471,9 @@ def targets(result: dict) -> dict:
         out["on_policy_speedup_ge_1.5"] = ours["hpc_rlhf"] >= 1.5
     for name, side in sides.items():
         f = side.get("fractions", {})
+        train = next((v for k, v in f.items() if k.startswith("train_vs_peak_")), None)
         out[name] = {"decode_within_2x": None if f.get("decode_vs_limit") is None else f["decode_vs_limit"] >= 0.5,
-                     "train_ge_half_peak": None if f.get("train_vs_peak_fp32") is None
-                     else f["train_vs_peak_fp32"] >= 0.5}
+                     "train_ge_half_peak": None if train is None else train >= 0.5}
         if f.get("weight_sync_between_ranks") and f.get("weight_sync_vs_copy") is not None:
             out[name]["weight_sync_ge_half_copy"] = f["weight_sync_vs_copy"] >= 0.5
         ratios = [m["measured_over_plan"] for m in side.get("memory", {}).values() if m.get("measured_over_plan")]
@@ -486,13 +492,21 @@ def plot(result: dict, path: str) -> None:
     bottom = [0.0] * len(sides)
     for phase in PHASES:
         vals = [result["sides"][s]["phases"].get(phase, 0.0) for s in sides]
-        ax.bar(sides, vals, bottom=bottom, label=phase)
+        ax.bar(range(len(sides)), vals, bottom=bottom, width=0.6, label=phase)
         bottom = [b + v for b, v in zip(bottom, vals)]
+    # where the rollout has a rank of its own (async), its generation runs beside the critical path: a hatched
+    # bar next to the side's
+    beside = [(i, v["rollout_generate_s"]) for i, v in enumerate(result["sides"].values())
+              if v.get("fractions", {}).get("weight_sync_between_ranks") and v.get("rollout_generate_s")]
+    if beside:
+        ax.bar([i + 0.42 for i, _ in beside], [v for _, v in beside], width=0.2, color="none", edgecolor="tab:blue",
+               hatch="//", label="generation on the rollout rank (beside)")
     for i, s in enumerate(sides):
         sp = result["sides"][s].get("speedup")
         ax.text(i, bottom[i], f"{result['sides'][s]['s_per_step']:.1f} s" + (f"\n{sp:.2f}x TRL" if sp else ""),
                 ha="center", va="bottom", fontsize=8)
     c = result["config"]
+    ax.set_xticks(range(len(sides)), sides)
     ax.set_ylabel("seconds per step (median over rounds)")
     ax.set_title(f"GRPO step by phase: SmolLM2-135M, {c['prompts']}x{c['samples']} samples, "
                  f"<= {c['max_new_tokens']} new tokens, {c['rounds']} round(s)", fontsize=9)
@@ -517,6 +531,10 @@ def parse_args(argv=None):
     ap.add_argument("--micro-batch", type=int, default=16, help="rows per forward/backward, both sides (default 16, "
                                                                 "capped at prompts x samples)")
     ap.add_argument("--lr", type=float, default=1e-6, help="learning rate, both sides (default 1e-6)")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                    help="dtype of every side's model (bf16: hpc_rlhf's param_dtype with fp32 master weights in "
+                         "DeepSpeed's optimizer; TRL's model loaded in bf16 with bf16=True); fractions against "
+                         "this dtype's peak")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trl-generation", choices=("generate", "continuous_batching"), default="generate",
                     help="TRL's generation path (default generate: see the docstring)")
@@ -583,7 +601,7 @@ def main(argv=None) -> None:
         return
     lengths = prompt_lengths(model, data)
     prompt_max_len, prompt_mean = max(lengths), mean(lengths)
-    info = model_info(model)
+    info = model_info(model, args.dtype)
     batch = args.prompts * args.samples
     log(f"{len(lengths)} prompts, {prompt_mean:.1f} tokens on average (max {prompt_max_len}); "
         f"{info['params'] / 1e6:.1f}M parameters; sides {sides}")
@@ -628,14 +646,14 @@ def main(argv=None) -> None:
     result = {"benchmark": "grpo_real_vs_trl",
               "config": {"prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
                          "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
-                         "micro_batch": args.micro_batch, "lr": args.lr, "dtype": "fp32",
+                         "micro_batch": args.micro_batch, "lr": args.lr, "dtype": args.dtype,
                          "trl_generation": args.trl_generation, "async_engine": args.async_engine,
                          "model": model, "data": str(data), "prompt_tokens_mean": prompt_mean,
                          "prompt_max_len": prompt_max_len, **info},
               "limits": limits, "skipped": skipped, "sides": {}}
     for s in sides:
         side = side_summary(rounds[s])
-        side["fractions"] = fractions(side, info, limits, batch, between_ranks=s in ASYNC_SIDES)
+        side["fractions"] = fractions(side, info, limits, batch, between_ranks=s in ASYNC_SIDES, dtype=args.dtype)
         side["memory"] = memory_summary(peaks[s], plans.get(s))
         result["sides"][s] = side
     if "trl" in result["sides"]:

@@ -5,7 +5,9 @@ Measured (``measure``; with ``--threads`` torch threads, 2 by default: the bench
 - ``matmul_flops``: peak ``torch.mm`` FLOP/s (2·n³ per product of two n×n matrices), the best over a few
   square sizes, in fp32 and bf16;
 - ``copy_bytes_per_s``: bytes copied per second by ``dst.copy_(src)`` of a large fp32 tensor (each byte is
-  read once and written once, so the memory traffic is twice this figure).
+  read once and written once, so the memory traffic is twice this figure);
+- with ``--broadcast-mib``, ``gloo_broadcast_bytes_per_s``: a gloo broadcast between two local processes
+  (the transport of a weight sync between ranks on CPU).
 
 The pure functions below turn those into the limits of the issue's targets (each returns a fraction:
 1.0 = at the limit, 0.5 = twice as long as the limit allows):
@@ -77,6 +79,44 @@ def measure(threads: int = 2, fp32_sizes=FP32_SIZES, bf16_sizes=BF16_SIZES, copy
             "copy_bytes_per_s": copy_bandwidth(copy_mib), "copy_mib": copy_mib}
 
 
+def _broadcast_worker(rank: int, init: str, n: int, reps: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    t = torch.rand(n) if rank == 0 else torch.empty(n)
+    dist.broadcast(t, 0)  # warm-up: connections and buffers
+    best = math.inf
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.broadcast(t, 0)
+        best = min(best, time.perf_counter() - t0)
+    if rank == 1:
+        out.put(best)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def broadcast_bandwidth(mib: int = 64, reps: int = 5) -> float:
+    """Bytes per second of a gloo broadcast of a ``mib`` MiB fp32 tensor between two local processes with one
+    thread each (the best of ``reps``, timed on the receiver): the transport of a weight sync between ranks on
+    CPU, over TCP on the loopback device."""
+    import multiprocessing as mp
+    import tempfile
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        init = f"file://{d}/store"
+        procs = [ctx.Process(target=_broadcast_worker, args=(r, init, mib * 2 ** 20 // 4, reps, out)) for r in (0, 1)]
+        for p in procs:
+            p.start()
+        best = out.get(timeout=300)
+        for p in procs:
+            p.join(timeout=60)
+    return mib * 2 ** 20 / best
+
+
 # -- the limits and fractions (pure) -----------------------------------------------------------------------
 
 def decode_limit_s(generated_tokens: float, prompt_tokens: float, batch: int, weight_bytes: float,
@@ -119,10 +159,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--copy-mib", type=int, default=COPY_MIB, help="size of the copied tensor in MiB")
+    ap.add_argument("--broadcast-mib", type=int, default=0,
+                    help="also time a gloo broadcast of this many MiB between two local processes (0: no)")
     args = ap.parse_args()
-    if args.threads < 1 or args.copy_mib < 1:
-        raise SystemExit("machine_limits: --threads and --copy-mib must be >= 1")
-    print(json.dumps(measure(args.threads, copy_mib=args.copy_mib)))
+    if args.threads < 1 or args.copy_mib < 1 or args.broadcast_mib < 0:
+        raise SystemExit("machine_limits: --threads and --copy-mib must be >= 1, --broadcast-mib >= 0")
+    out = measure(args.threads, copy_mib=args.copy_mib)
+    if args.broadcast_mib:
+        out["gloo_broadcast_bytes_per_s"] = broadcast_bandwidth(args.broadcast_mib)
+        out["gloo_broadcast_mib"] = args.broadcast_mib
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -103,6 +103,13 @@ def test_fractions_of_a_side():
     assert f["decode_vs_limit"] == pytest.approx(0.5) and f["decode_limit_binds"] == "weight_read"
     assert f["train_vs_peak_fp32"] == pytest.approx(0.5)
     assert f["weight_sync_vs_copy"] == pytest.approx(0.5)
+    # bf16: against the bf16 peak (400 FLOP/s): matmul 2 x 10 x 128 / 400 = 6.4 s < read 130 s still binds;
+    # train 76.8 x 100 / 400 = 19.2 s / 153.6 s = 0.125, under the dtype's own key
+    limits["matmul_flops_bf16"] = 400
+    f = bench.fractions(side, info, limits, batch=8, between_ranks=True, dtype="bf16")
+    assert f["train_vs_peak_bf16"] == pytest.approx(0.125) and "train_vs_peak_fp32" not in f
+    assert f["decode_vs_limit"] == pytest.approx(0.5)
+    assert bench.targets({"sides": {"s": {"fractions": f}}})["s"]["train_ge_half_peak"] is False
 
 
 def test_memory_ratio_and_summary():
@@ -140,3 +147,18 @@ def test_targets():
     assert t["hpc_rlhf"] == {"decode_within_2x": True, "train_ge_half_peak": False, "memory_within_20pct": True}
     assert t["hpc_rlhf_async"] == {"decode_within_2x": None, "train_ge_half_peak": True,
                                    "weight_sync_ge_half_copy": False, "memory_within_20pct": False}
+
+
+def test_model_shapes_weights_and_step_rate():
+    import model_shapes as ms
+    cfg = {"hidden_size": 8, "intermediate_size": 20, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 50}
+    # head dim 2, so key and value are 2 heads x 2 = 4 wide; packed: qkv 8 + 2 x 4 = 16, gate_up 2 x 20
+    assert ms.layer_weights(cfg) == {"q": (8, 8), "k": (8, 4), "v": (8, 4), "o": (8, 8), "gate": (8, 20),
+                                     "up": (8, 20), "down": (20, 8), "head": (8, 50)}
+    assert ms.packed_weights(cfg) == {"qkv": (8, 16), "o": (8, 8), "gate_up": (8, 40), "down": (20, 8),
+                                      "head": (8, 50)}
+    # 3 layers of a (100 FLOPs at 10 FLOP/s: 10 s) and one head (600 FLOPs at 20 FLOP/s: 30 s):
+    # (300 + 600) FLOPs / (30 + 30) s = 15 FLOP/s
+    per = {"a": {"flops": 100, "flop_s": 10.0}, "head.fwd": {"flops": 600, "flop_s": 20.0}}
+    assert ms.step_rate(per, 3) == pytest.approx(15.0)

@@ -1,0 +1,112 @@
+"""The matrix products of a Llama-style model at the shapes an RL step runs them, timed on this CPU.
+
+``machine_limits.py`` measures the peak of square ``torch.mm``; a model's own products are thinner (a decode
+step multiplies a batch of 64 rows by each weight) and may run slower.  This script times each of them:
+
+- decode: ``x @ W`` for each weight of the lean decoder (query/key/value and gate/up packed, stored
+  [in, out]) and the output head, at ``--decode-rows`` rows (the rows still decoding);
+- training: the forward ``F.linear(x, W)`` and the two backward products (input gradient ``g @ W``, weight
+  gradient ``g.T @ x``) of each linear layer of the transformers model, at ``--train-rows`` tokens per
+  micro-batch.
+
+Each product's FLOP/s and, per setting, the step's rate: the FLOPs of one layer's products times the layer
+count plus the head's, over their summed times.  That is the rate the step's matrix work can reach at these
+shapes; ``machine_limits.py``'s fractions use the square peak.  bf16 is timed at the decode rows and at
+``--bf16-train-rows`` (its slow paths take seconds per product at full size).
+
+    python benchmarks/model_shapes.py --model ~/.cache/hpc_rlhf/real/smollm2-135m-instruct --threads 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_limits import _best_time  # noqa: E402
+
+
+def layer_weights(cfg: dict) -> dict:
+    """{name: (in, out)} of one decoder layer's linear weights, plus the head, from a Llama config dict."""
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    kv = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * (h // cfg["num_attention_heads"])
+    return {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, i), "up": (h, i), "down": (i, h),
+            "head": (h, cfg["vocab_size"])}
+
+
+def packed_weights(cfg: dict) -> dict:
+    """The lean decoder's products: query/key/value and gate/up each one weight."""
+    w = layer_weights(cfg)
+    return {"qkv": (w["q"][0], w["q"][1] + 2 * w["k"][1]), "o": w["o"], "gate_up": (w["gate"][0], 2 * w["gate"][1]),
+            "down": w["down"], "head": w["head"]}
+
+
+def step_rate(per_product: dict, layers: int) -> float:
+    """FLOP/s of a step that runs each non-head product ``layers`` times and the head once (pure)."""
+    flops = sum(p["flops"] * (1 if name.startswith("head") else layers) for name, p in per_product.items())
+    secs = sum(p["flops"] / p["flop_s"] * (1 if name.startswith("head") else layers)
+               for name, p in per_product.items())
+    return flops / secs
+
+
+def time_decode(weights: dict, rows: int, dtype, min_s: float) -> dict:
+    import torch
+    out = {}
+    for name, (n_in, n_out) in weights.items():
+        x, w = torch.randn(rows, n_in).to(dtype), torch.randn(n_in, n_out).to(dtype)
+        y = torch.empty(rows, n_out, dtype=dtype)
+        flops = 2 * rows * n_in * n_out
+        out[name] = {"flops": flops, "flop_s": flops / _best_time(lambda: torch.mm(x, w, out=y), min_s)}
+    return out
+
+
+def time_train(weights: dict, rows: int, dtype, min_s: float) -> dict:
+    """Forward and both backward products of each linear layer (nn.Linear keeps W as [out, in])."""
+    import torch
+    import torch.nn.functional as F
+    out = {}
+    for name, (n_in, n_out) in weights.items():
+        x, w = torch.randn(rows, n_in).to(dtype), torch.randn(n_out, n_in).to(dtype)
+        g = torch.randn(rows, n_out).to(dtype)
+        flops = 2 * rows * n_in * n_out
+        for part, fn in (("fwd", lambda: F.linear(x, w)), ("grad_in", lambda: g @ w), ("grad_w", lambda: g.t() @ x)):
+            key = name + "." + part if name != "head" else "head." + part
+            out[key] = {"flops": flops, "flop_s": flops / _best_time(fn, min_s, min_reps=1)}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="a model folder with a Llama-style config.json")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decode-rows", default="64,32,8", help="rows of a decode step, comma separated")
+    ap.add_argument("--train-rows", type=int, default=3072, help="tokens per training micro-batch (fp32)")
+    ap.add_argument("--bf16-train-rows", type=int, default=256, help="tokens per training micro-batch (bf16)")
+    ap.add_argument("--min-s", type=float, default=0.2, help="time each product for at least this long")
+    args = ap.parse_args(argv)
+    import torch
+    torch.set_num_threads(args.threads)
+    cfg = json.loads((Path(args.model).expanduser() / "config.json").read_text())
+    layers = cfg["num_hidden_layers"]
+    result = {"model": str(args.model), "threads": args.threads, "torch": torch.__version__, "layers": layers,
+              "decode": {}, "train": {}}
+    for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for rows in (int(r) for r in args.decode_rows.split(",")):
+            per = time_decode(packed_weights(cfg), rows, dtype, args.min_s)
+            result["decode"][f"{tag}@{rows}"] = {"step_flop_s": step_rate(per, layers),
+                                                 "per_product": {k: v["flop_s"] for k, v in per.items()}}
+            print(f"decode {tag} rows {rows}: {result['decode'][f'{tag}@{rows}']['step_flop_s'] / 1e9:.0f} GFLOP/s",
+                  file=sys.stderr)
+        rows = args.train_rows if dtype == torch.float32 else args.bf16_train_rows
+        per = time_train(layer_weights(cfg), rows, dtype, args.min_s)
+        result["train"][f"{tag}@{rows}"] = {"step_flop_s": step_rate(per, layers),
+                                            "per_product": {k: v["flop_s"] for k, v in per.items()}}
+        print(f"train {tag} rows {rows}: {result['train'][f'{tag}@{rows}']['step_flop_s'] / 1e9:.0f} GFLOP/s",
+              file=sys.stderr)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
