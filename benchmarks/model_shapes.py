@@ -14,6 +14,9 @@ count plus the head's, over their summed times.  That is the rate the step's mat
 shapes; ``machine_limits.py``'s fractions use the square peak.  bf16 is timed at the decode rows and at
 ``--bf16-train-rows`` (its slow paths take seconds per product at full size).
 
+``--model-pass BxT`` also times the whole model (transformers, loaded from ``--model`` in each dtype): the
+forward and the backward of a batch of B rows of T random tokens (the best of two after one untimed pass).
+
     python benchmarks/model_shapes.py --model ~/.cache/hpc_rlhf/real/smollm2-135m-instruct --threads 2
 """
 from __future__ import annotations
@@ -76,6 +79,27 @@ def time_train(weights: dict, rows: int, dtype, min_s: float) -> dict:
     return out
 
 
+def model_pass(path: str, dtype, batch: int, tokens: int) -> dict:
+    """{"forward_s", "backward_s"}: the best of two timed passes of the model in ``dtype`` (after one untimed)."""
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(Path(path).expanduser()), dtype=dtype)
+    ids = torch.randint(0, model.config.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(0))
+    best = {"forward_s": float("inf"), "backward_s": float("inf")}
+    for rep in range(3):
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids).logits.float().mean()
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        if rep:
+            best = {"forward_s": min(best["forward_s"], t1 - t0), "backward_s": min(best["backward_s"], t2 - t1)}
+    return best
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a model folder with a Llama-style config.json")
@@ -84,6 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--train-rows", type=int, default=3072, help="tokens per training micro-batch (fp32)")
     ap.add_argument("--bf16-train-rows", type=int, default=256, help="tokens per training micro-batch (bf16)")
     ap.add_argument("--min-s", type=float, default=0.2, help="time each product for at least this long")
+    ap.add_argument("--model-pass", default="", help="BxT: also time the model's forward and backward (e.g. 8x100)")
     args = ap.parse_args(argv)
     import torch
     torch.set_num_threads(args.threads)
@@ -104,6 +129,11 @@ def main(argv=None) -> int:
                                             "per_product": {k: v["flop_s"] for k, v in per.items()}}
         print(f"train {tag} rows {rows}: {result['train'][f'{tag}@{rows}']['step_flop_s'] / 1e9:.0f} GFLOP/s",
               file=sys.stderr)
+    if args.model_pass:
+        b, t = (int(x) for x in args.model_pass.lower().split("x"))
+        result["model_pass"] = {f"{tag}@{b}x{t}": model_pass(args.model, dtype, b, t)
+                                for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))}
+        print(f"model pass {b}x{t}: {result['model_pass']}", file=sys.stderr)
     print(json.dumps(result))
     return 0
 

@@ -37,8 +37,18 @@ def test_rendezvous_from_a_het_step():
                    "MASTER_PORT": str(rendezvous_port(41, 0, 0)), "OMP_NUM_THREADS": "2"}
     again = slurm_rendezvous(dict(HET_TASK, SLURM_RESTART_COUNT="1"))
     assert again["MASTER_PORT"] != got["MASTER_PORT"]  # a restarted job does not meet its old sockets
-    assert 20000 <= int(again["MASTER_PORT"]) < 40000
+    assert 20000 <= int(again["MASTER_PORT"]) < 32768
     assert slurm_rendezvous(dict(HET_TASK, MASTER_PORT="1234"))["MASTER_PORT"] == "1234"
+
+
+def test_rendezvous_ports_stay_below_the_ephemeral_range():
+    # hand-derived: 20000 + (123456 * 7919) mod 12768 = 20000 + 977648064 mod 12768 = 22304; a requeue adds 131
+    assert rendezvous_port(123456, 0, 0) == 22304 and rendezvous_port(123456, 0, 1) == 22435
+    # job 2, step 0 got 35838 under the old span of 20000 and met a client socket there (EADDRINUSE)
+    assert rendezvous_port(2, 0, 0) == 20000 + 15838 % 12768 == 23070
+    ports = {rendezvous_port(job, step, restart) for job in range(0, 200_000, 997) for step in range(3)
+             for restart in range(3)}
+    assert min(ports) >= 20000 and max(ports) < 32768  # Linux's default ephemeral range starts at 32768
 
 
 def test_the_batch_script_is_not_a_rank():

@@ -377,7 +377,10 @@ def test_sft_run_stopped_by_sigterm_and_resumed(tmp_path):
     """A real `train sft` (one rank): while it runs, status finds its process; SIGTERM stops it at a step
     boundary after a checkpoint (the record says so); the rerun resumes and finishes."""
     from sft_fixtures import sft_config, with_paths
-    config = sft_config(tmp_path, 4)
+    # enough steps that the run cannot end between its first metrics row and the SIGTERM (4 steps did, on a
+    # quiet machine: exit 0); a stop comes at the next step boundary, so the test waits no longer for it
+    steps = 200
+    config = sft_config(tmp_path, steps)
     config["launch"]["nproc"] = 1
     config["train"]["zero_stage"] = 0
     path = with_paths(config, tmp_path, "run")
@@ -388,21 +391,21 @@ def test_sft_run_stopped_by_sigterm_and_resumed(tmp_path):
     live, err = _status_then_sigterm(proc, run, first_row_s=120, poll_s=0.05, exit_s=120)
     assert proc.returncode == 3, err[-3000:]
     assert live["running"] is True and live["running_how"] == f"process {proc.pid} on this host runs"
-    assert live["total_steps"] == 4 and live["trainer"] == "sft"
+    assert live["total_steps"] == steps and live["trainer"] == "sft"
 
     stopped = st.run_status(run)
     [a] = stopped["attempts"]
     step = a["end_step"]
-    assert stopped["state"] == "stopped" and stopped["running"] is False and 1 <= step < 4
+    assert stopped["state"] == "stopped" and stopped["running"] is False and 1 <= step < steps
     assert a["exit"] == f"stopped by SIGTERM after step {step} (checkpoint written)"
     assert stopped["checkpoint"]["newest"]["step"] == step and stopped["checkpoint"]["newest"]["damage"] is None
-    assert stopped["last_step"] == step and stopped["remaining_steps"] == 4 - step
+    assert stopped["last_step"] == step and stopped["remaining_steps"] == steps - step
 
     subprocess.run(cli_cmd, check=True, capture_output=True, timeout=300, env=env)
     done = st.run_status(run)
-    assert done["state"] == "finished" and done["last_step"] == 4
+    assert done["state"] == "finished" and done["last_step"] == steps
     assert [(x["start_step"], x["end_step"], x["exit"]) for x in done["attempts"]] == [
-        (0, step, a["exit"]), (step, 4, "finished")]
+        (0, step, a["exit"]), (step, steps, "finished")]
     assert done["time_per_step_s"] > 0 and done["time_per_step_from"].startswith("wall clock of attempt 2")
     print("\n" + st.render(done))
 

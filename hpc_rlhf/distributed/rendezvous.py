@@ -18,7 +18,10 @@ import re
 
 import torch
 
-PORT_BASE, PORT_SPAN = 20000, 20000
+# 20000-32767: below Linux's default ephemeral range (32768-60999), from which the kernel takes the local port
+# of every outgoing connection; a rendezvous port there can be held by any client socket on the node
+# (EADDRINUSE, seen on the local test cluster at 35838)
+PORT_BASE, PORT_SPAN = 20000, 12768
 
 
 def expand_hostlist(spec: str) -> list[str]:
