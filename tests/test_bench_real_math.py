@@ -162,3 +162,12 @@ def test_model_shapes_weights_and_step_rate():
     # (300 + 600) FLOPs / (30 + 30) s = 15 FLOP/s
     per = {"a": {"flops": 100, "flop_s": 10.0}, "head.fwd": {"flops": 600, "flop_s": 20.0}}
     assert ms.step_rate(per, 3) == pytest.approx(15.0)
+
+
+def test_profile_generation_groups():
+    import profile_generation as pg
+    assert pg.group_of("aten::mm") == "matmul" and pg.group_of("aten::addmm") == "matmul"
+    assert pg.group_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert pg.group_of("aten::uniform_") == "sampling" and pg.group_of("aten::argmax") == "sampling"
+    assert pg.group_of("aten::matmul") == "other"  # the dispatcher above aten::mm: its own time only
+    assert pg.group_of("aten::add") == "other"
