@@ -14,7 +14,7 @@ from hpc_rlhf.data.batching import chunks
 from hpc_rlhf.models.tiny import build_tiny_model
 from hpc_rlhf.roles.experience import (Experience, collate, gather_positions, response_logits, response_logprobs,
                                        takes_logits_to_keep)
-from hpc_rlhf.roles.training import optimizer_steps, per_sample
+from hpc_rlhf.roles.training import combine, optimizer_steps, per_sample
 
 # (prompt length, response length) of eight samples: the shortest prompt has 2 tokens
 SHAPES = [(5, 1), (2, 9), (4, 4), (3, 12), (6, 2), (2, 3), (5, 7), (3, 0)]
@@ -126,3 +126,10 @@ def test_sorted_micro_batches_give_the_gradient_of_one_batch(tiny):
     assert cut_loss == pytest.approx(one_loss, rel=1e-6)
     for a, b in zip(one, cut):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_combine_sums_seconds_and_averages_the_rest():
+    # two optimizer steps of one call: the loss is a mean (0.5 + 1.5) / 2; the seconds add (0.25 + 0.5)
+    history = [{"loss": 0.5, "grad_norm": 2.0, "forward_s": 0.25}, {"loss": 1.5, "grad_norm": 4.0, "forward_s": 0.5}]
+    assert combine(history) == {"loss": 1.0, "grad_norm": 3.0, "forward_s": 0.75}
+    assert combine(history[:1]) == history[0]

@@ -34,6 +34,12 @@ def test_every_sync_delivers_the_actor_weights(ppo_run):
     assert len(set(sums)) == len(sums)  # the weights changed every step
     for key in ("critic/loss", "actor/loss", "kl", "reward/mean"):
         assert key in metrics[-1], key
+    # the trainable roles time their optimizer steps' parts; they are inside the training phase
+    for m in metrics:
+        for role in ("actor", "critic"):
+            parts = [m[f"{role}/{k}"] for k in ("forward_s", "backward_s", "optimizer_s")]
+            assert all(p > 0 for p in parts), (role, parts)
+        assert sum(m[f"actor/{k}"] for k in ("forward_s", "backward_s", "optimizer_s")) <= m["time/train_s"]
 
 
 @pytest.mark.slow  # the default suite stays under 12 minutes (moved in issue 16)

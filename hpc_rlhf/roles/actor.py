@@ -10,7 +10,7 @@ from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import load_causal_lm
 from .experience import Experience, RLBatch, padded, response_logits, response_logprobs
-from .training import optimizer_steps, per_sample, run_optimizer_step
+from .training import combine, optimizer_steps, per_sample, run_optimizer_step
 
 
 class Actor:
@@ -66,7 +66,7 @@ class Actor:
                                      t.seed + step, self.pad_id, self.device):
             history.append(run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size,
                                               float(self.cfg.max_action_tokens())))
-        out = {f"actor/{k}": sum(h[k] for h in history) / len(history) for k in history[0]}
+        out = {f"actor/{k}": v for k, v in combine(history).items()}
         out["actor/mismatch/max_abs_diff"] = self._mismatch_max  # a max over the call, not a mean of maxima
         out["actor/lr"] = self.engine.get_lr()[0]
         return out

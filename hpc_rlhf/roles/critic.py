@@ -9,7 +9,7 @@ from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import resolve_pretrained
 from .experience import Experience, RLBatch, gather_positions, padded
-from .training import optimizer_steps, per_sample, run_optimizer_step
+from .training import combine, optimizer_steps, per_sample, run_optimizer_step
 
 
 def load_value_model(path: str, dtype: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
@@ -57,4 +57,4 @@ class Critic:
                    for micro in optimizer_steps(samples, t.train_batch_size // self.world_size,
                                                 t.micro_train_batch_size, t.max_epochs, t.seed + step + 7,
                                                 self.pad_id, self.device)]
-        return {f"critic/{k}": sum(h[k] for h in history) / len(history) for k in history[0]}
+        return {f"critic/{k}": v for k, v in combine(history).items()}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import time
 from typing import Callable
 
 import torch
@@ -55,21 +56,49 @@ def run_optimizer_step(engine, micro_batches: list[tuple[list[Experience], RLBat
                        world_size: int, constant: float | None) -> dict[str, float]:
     """Backward over every micro-batch with the step's global counts, then one optimizer step.
 
-    Returns the step loss (the same on every rank of the role) and token-weighted means of the
-    loss function's metrics over this rank's tokens.
+    Returns the step loss (the same on every rank of the role), token-weighted means of the loss function's
+    metrics over this rank's tokens, and this rank's seconds in the forward passes with the loss (``forward_s``),
+    the backward passes (``backward_s``) and the optimizer step (``optimizer_s``); on a GPU each is timed to
+    the end of its kernels.
     """
     norm = StepNorm.from_masks([b.mask for _, b in micro_batches], world_size, sum_over_ranks, constant)
     loss_share, weighted, tokens = 0.0, {}, 0.0
+    seconds = {"forward_s": 0.0, "backward_s": 0.0, "optimizer_s": 0.0}
+    clock = _Clock(getattr(engine, "device", None))
     for samples, batch in micro_batches:
         loss, metrics = micro_loss(samples, batch, norm)
+        seconds["forward_s"] += clock.lap()
         engine.backward(loss, scale_wrt_gas=False)
+        seconds["backward_s"] += clock.lap()
         loss_share += float(loss.detach())
         n = float(batch.mask.sum())
         tokens += n
         for k, v in metrics.items():
             weighted[k] = weighted.get(k, 0.0) + float(v) * n
+        clock.lap()  # the metrics' host copies count nowhere
     grad_norm = optimizer_step(engine)
+    seconds["optimizer_s"] = clock.lap()
     out = {k: v / max(tokens, 1.0) for k, v in weighted.items()}
     out["loss"] = float(sum_over_ranks(torch.tensor([loss_share], dtype=torch.float64))[0]) / world_size
     out["grad_norm"] = grad_norm
-    return out
+    return out | seconds
+
+
+def combine(history: list[dict[str, float]]) -> dict[str, float]:
+    """The metrics of a call's optimizer steps: seconds (``*_s``) summed, everything else averaged."""
+    return {k: sum(h[k] for h in history) / (1 if k.endswith("_s") else len(history)) for k in history[0]}
+
+
+class _Clock:
+    """Seconds since the last lap; on a CUDA device, after its queued kernels finish."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda" if device is not None else False
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        out, self.t = now - self.t, now
+        return out
