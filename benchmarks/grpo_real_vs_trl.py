@@ -57,6 +57,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # this checkout's hpc_rlhf
 import machine_limits as ml  # noqa: E402
 
 SIDES = ("trl", "hpc_rlhf", "hpc_rlhf_vllm", "hpc_rlhf_async")
+TRAIN_PARTS = ("forward_s", "backward_s", "optimizer_s")  # hpc_rlhf's actor/* timers inside the training phase
 ASYNC_SIDES = ("hpc_rlhf_async",)
 PHASES = ("generation", "weight sync", "log-probs and reward", "training", "other")
 ASSETS = Path(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")).expanduser()
@@ -391,7 +392,9 @@ def ours_round(python: str, config: Path, log: Path, samples_per_step: int) -> t
                         "rollout_generate_s": row.get("time/rollout_generate_s", split["generation"]),
                         "weight_sync_s": split["weight sync"],  # the transfer: without the wait for the rollout rank
                         "generated_tokens": row["response_length/mean"] * samples_per_step,
-                        "reward_mean": row["reward/mean"], "response_length_mean": row["response_length/mean"]})
+                        "reward_mean": row["reward/mean"], "response_length_mean": row["response_length/mean"],
+                        # the actor's part of the training phase: forward passes with the loss, backward, optimizer
+                        **{f"train_{k}": row[f"actor/{k}"] for k in TRAIN_PARTS if f"actor/{k}" in row}})
     return records, peaks
 
 
@@ -409,7 +412,9 @@ def round_summary(records: list[dict], warmup: int, drop_last: bool, prompt_toke
             "tokens_per_s": gen / step_s, "generation_tokens_per_s": gen / gen_call if gen_call > 0 else None,
             "rollout_generate_s": gen_call, "weight_sync_s": mean([r.get("weight_sync_s", 0.0) for r in timed]),
             "reward_mean": mean([r["reward_mean"] for r in records]),
-            "response_length_mean": mean([r["response_length_mean"] for r in records])}
+            "response_length_mean": mean([r["response_length_mean"] for r in records]),
+            **{f"train_{k}": mean([r[f"train_{k}"] for r in timed]) for k in TRAIN_PARTS
+               if all(f"train_{k}" in r for r in timed)}}
 
 
 def median_or_none(values: list) -> float | None:
