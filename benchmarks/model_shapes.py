@@ -26,21 +26,21 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine_limits import _best_time  # noqa: E402
 
 
-def layer_weights(cfg: dict) -> dict:
-    """{name: (in, out)} of one decoder layer's linear weights, plus the head, from a Llama config dict."""
-    h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    kv = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * (h // cfg["num_attention_heads"])
+def layer_weights(shape) -> dict:
+    """{name: (in, out)} of one decoder layer's linear weights, plus the head, from a Llama-style
+    ``hpc_rlhf.launch.memory.ModelShape``."""
+    h, i, kv = shape.hidden, shape.intermediate, shape.kv_heads * shape.head_dim
     return {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, i), "up": (h, i), "down": (i, h),
-            "head": (h, cfg["vocab_size"])}
+            "head": (h, shape.vocab)}
 
 
-def packed_weights(cfg: dict) -> dict:
+def packed_weights(shape) -> dict:
     """The lean decoder's products: query/key/value and gate/up each one weight."""
-    w = layer_weights(cfg)
+    w = layer_weights(shape)
     return {"qkv": (w["q"][0], w["q"][1] + 2 * w["k"][1]), "o": w["o"], "gate_up": (w["gate"][0], 2 * w["gate"][1]),
             "down": w["down"], "head": w["head"]}
 
@@ -102,7 +102,7 @@ def model_pass(path: str, dtype, batch: int, tokens: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="a model folder with a Llama-style config.json")
+    ap.add_argument("--model", required=True, help="a Llama-style model folder")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--decode-rows", default="64,32,8", help="rows of a decode step, comma separated")
     ap.add_argument("--train-rows", type=int, default=3072, help="tokens per training micro-batch (fp32)")
@@ -111,20 +111,22 @@ def main(argv=None) -> int:
     ap.add_argument("--model-pass", default="", help="BxT: also time the model's forward and backward (e.g. 8x100)")
     args = ap.parse_args(argv)
     import torch
+
+    from hpc_rlhf.launch.memory import model_shape
     torch.set_num_threads(args.threads)
-    cfg = json.loads((Path(args.model).expanduser() / "config.json").read_text())
-    layers = cfg["num_hidden_layers"]
+    shape = model_shape(str(Path(args.model).expanduser()))
+    layers = shape.layers
     result = {"model": str(args.model), "threads": args.threads, "torch": torch.__version__, "layers": layers,
               "decode": {}, "train": {}}
     for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         for rows in (int(r) for r in args.decode_rows.split(",")):
-            per = time_decode(packed_weights(cfg), rows, dtype, args.min_s)
+            per = time_decode(packed_weights(shape), rows, dtype, args.min_s)
             result["decode"][f"{tag}@{rows}"] = {"step_flop_s": step_rate(per, layers),
                                                  "per_product": {k: v["flop_s"] for k, v in per.items()}}
             print(f"decode {tag} rows {rows}: {result['decode'][f'{tag}@{rows}']['step_flop_s'] / 1e9:.0f} GFLOP/s",
                   file=sys.stderr)
         rows = args.train_rows if dtype == torch.float32 else args.bf16_train_rows
-        per = time_train(layer_weights(cfg), rows, dtype, args.min_s)
+        per = time_train(layer_weights(shape), rows, dtype, args.min_s)
         result["train"][f"{tag}@{rows}"] = {"step_flop_s": step_rate(per, layers),
                                             "per_product": {k: v["flop_s"] for k, v in per.items()}}
         print(f"train {tag} rows {rows}: {result['train'][f'{tag}@{rows}']['step_flop_s'] / 1e9:.0f} GFLOP/s",

@@ -151,8 +151,9 @@ def test_targets():
 
 def test_model_shapes_weights_and_step_rate():
     import model_shapes as ms
-    cfg = {"hidden_size": 8, "intermediate_size": 20, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "vocab_size": 50}
+
+    from hpc_rlhf.launch.memory import ModelShape
+    cfg = ModelShape(params=0, hidden=8, layers=3, kv_heads=2, head_dim=2, vocab=50, intermediate=20)
     # head dim 2, so key and value are 2 heads x 2 = 4 wide; packed: qkv 8 + 2 x 4 = 16, gate_up 2 x 20
     assert ms.layer_weights(cfg) == {"q": (8, 8), "k": (8, 4), "v": (8, 4), "o": (8, 8), "gate": (8, 20),
                                      "up": (8, 20), "down": (20, 8), "head": (8, 50)}
