@@ -214,15 +214,11 @@ def prompt_lengths(model: str, data: Path) -> list[int]:
 def model_info(model: str, dtype: str = "fp32") -> dict:
     """Parameters, those that take part in matrix products (all but an untied input embedding), bytes in
     ``dtype``."""
-    from transformers import AutoConfig
-
     from hpc_rlhf.launch.memory import model_shape
-    cfg = AutoConfig.from_pretrained(model)
-    params = model_shape(model).params
-    embed = cfg.vocab_size * cfg.hidden_size
-    tied = bool(getattr(cfg, "tie_word_embeddings", False))
-    return {"params": params, "matmul_params": params if tied else params - embed, "tied_embeddings": tied,
-            "weight_bytes": (2 if dtype == "bf16" else 4) * params}
+    shape = model_shape(model)
+    params, tied = shape.params, shape.tied
+    return {"params": params, "matmul_params": params if tied else params - shape.vocab * shape.hidden,
+            "tied_embeddings": tied, "weight_bytes": (2 if dtype == "bf16" else 4) * params}
 
 
 def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_len: int, engine: str,
