@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -18,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-REAL = Path("~/.cache/hpc_rlhf/real").expanduser()
+REAL = Path(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")).expanduser()  # scripts/real_assets.sh
 GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm"),
           "attention": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
           "sampling": ("aten::uniform_", "aten::exponential_", "aten::log_", "aten::neg_", "aten::argmax",
