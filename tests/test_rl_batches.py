@@ -1,6 +1,6 @@
 """How the actor, critic and reference cut an RL step's samples into model batches: micro-batches of similar
 lengths (the optimizer step's samples unchanged, its gradient the same), results back in the samples' order,
-and logits computed only from the first position that predicts a response token."""
+and the output head run only on the positions that predict a picked response token."""
 from __future__ import annotations
 
 import random
@@ -12,8 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from hpc_rlhf.data.batching import chunks
 from hpc_rlhf.models.tiny import build_tiny_model
-from hpc_rlhf.roles.experience import (Experience, collate, gather_positions, response_logits, response_logprobs,
-                                       takes_logits_to_keep)
+from hpc_rlhf.roles.experience import Experience, collate, gather_positions, response_logits, response_logprobs
 from hpc_rlhf.roles.training import combine, optimizer_steps, per_sample
 
 # (prompt length, response length) of eight samples: the shortest prompt has 2 tokens
@@ -74,36 +73,68 @@ def tiny(tmp_path_factory):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
-def test_response_logits_start_at_the_shortest_prompts_last_position(tiny):
+def test_the_output_head_runs_on_the_picked_positions_only(tiny):
+    """The head sees one hidden state per picked response token (sample 1's tokens 2-4 masked like feedback):
+    41 of the 8 x 17 positions; its logits, log-probs and their gradient equal the full model's, picked."""
     xs = samples()
+    xs[1].action_mask = [1, 1, 0, 0, 0, 1, 1, 1, 1]
     batch = collate(xs, 0)
-    assert batch.logit_start == 1  # the shortest prompt has 2 tokens: position 1 predicts its first response token
-    assert takes_logits_to_keep(tiny) and takes_logits_to_keep(SimpleNamespace(module=tiny))
-    kept = []
-    hook = tiny.register_forward_pre_hook(lambda m, a, kw: kept.append(kw.get("logits_to_keep")), with_kwargs=True)
-    with torch.no_grad():
-        got = response_logits(tiny, batch)
-        full = gather_positions(tiny(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                     position_ids=batch.position_ids, use_cache=False).logits, batch)
+    assert int(batch.picked.sum()) == 38 - 3 and batch.input_ids.shape == (8, 15)
+    seen = []
+    hook = tiny.lm_head.register_forward_hook(lambda m, args, out: seen.append((args[0].shape, out.shape)))
+    got = response_logits(tiny, batch)
+    full = gather_positions(tiny(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                 position_ids=batch.position_ids, use_cache=False).logits, batch)
     hook.remove()
-    assert kept == [batch.input_ids.shape[1] - 1, None] and got.shape == full.shape
-    m = batch.mask.bool()
-    torch.testing.assert_close(got[m], full[m], rtol=0, atol=1e-5)
-    torch.testing.assert_close(response_logprobs(got, batch), response_logprobs(full, batch), rtol=0, atol=1e-5)
+    V = tiny.config.vocab_size
+    assert seen == [(torch.Size([35, 32]), torch.Size([35, V])), (torch.Size([8, 15, 32]), torch.Size([8, 15, V]))]
+    torch.testing.assert_close(got, full[batch.picked], rtol=0, atol=1e-5)
+    lp = response_logprobs(got, batch)
+    expected = torch.log_softmax(full, -1).gather(-1, batch.tokens.unsqueeze(-1)).squeeze(-1) * batch.mask
+    torch.testing.assert_close(lp, expected, rtol=0, atol=1e-5)
+    assert lp[1].tolist()[2:5] == [0.0, 0.0, 0.0] and lp[7].abs().sum() == 0  # masked; an empty response
+
+    class Engine(torch.nn.Module):  # as a DeepSpeed engine wraps the model: ``.module``
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, **kwargs):
+            return self.module(**kwargs)
+    seen.clear()
+    hook = tiny.lm_head.register_forward_hook(lambda m, args, out: seen.append(args[0].shape))
+    torch.testing.assert_close(response_logits(Engine(tiny), batch), got, rtol=0, atol=0)
+    hook.remove()
+    assert seen == [torch.Size([35, 32])]
+    ga = torch.autograd.grad(lp.sum(), tiny.lm_head.weight, retain_graph=True)[0]
+    gb = torch.autograd.grad(expected.sum(), tiny.lm_head.weight)[0]
+    torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-6)
 
 
-def test_a_model_without_logits_to_keep_gets_every_position():
+def test_a_model_without_output_embeddings_gets_its_full_logits_picked():
     class Plain(torch.nn.Module):
         def forward(self, input_ids, attention_mask, position_ids, use_cache):
             return SimpleNamespace(logits=torch.arange(input_ids.numel() * 3.0).view(*input_ids.shape, 3))
     xs = samples()
     batch = collate(xs, 0)
-    assert not takes_logits_to_keep(Plain())
     got = response_logits(Plain(), batch)
+    want = []
     for b, s in enumerate(xs):
         p = len(s.prompt_ids)
         for t in range(len(s.response_ids)):  # position p - 1 + t predicts response token t
-            assert got[b, t].tolist() == [3.0 * (b * batch.input_ids.shape[1] + p - 1 + t) + k for k in range(3)]
+            want.append([3.0 * (b * batch.input_ids.shape[1] + p - 1 + t) + k for k in range(3)])
+    assert got.tolist() == want
+
+
+def test_spread_puts_the_picked_values_back_in_place():
+    xs = samples([(2, 3), (1, 1), (1, 0)])
+    xs[0].action_mask = [1, 0, 1]
+    batch = collate(xs, 0)
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    out = batch.spread(x)
+    assert out.tolist() == [[1.0, 0.0, 2.0], [3.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    (out * torch.tensor([[1.0, 5.0, 2.0], [4.0, 5.0, 5.0], [5.0, 5.0, 5.0]])).sum().backward()
+    assert x.grad.tolist() == [1.0, 2.0, 4.0]
 
 
 def test_sorted_micro_batches_give_the_gradient_of_one_batch(tiny):

@@ -159,7 +159,7 @@ def policy_loss(name: str, log_probs: Tensor, old_log_probs: Tensor, advantages:
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy H_t = −Σ_v p_v log p_v of the softmax over the last dim: [B, R, V] → [B, R].
+    """Entropy H_t = −Σ_v p_v log p_v of the softmax over the last dim: [..., V] → [...].
 
     Computed in float32 as logsumexp(z) − Σ_v softmax(z)_v z_v; differentiable (for the entropy
     bonus −entropy_loss_coef · H).  Logits of −inf (masked vocabulary) are allowed."""

@@ -46,7 +46,7 @@ class Actor:
         ref = (padded([s.ref_logprobs for s in samples], R).to(logp.device)
                if samples[0].ref_logprobs is not None else None)
         token_loss, metrics = self.algo.actor_token_loss(
-            logp, old, engine, ref, adv, batch.mask, lambda: entropy_from_logits(logits))
+            logp, old, engine, ref, adv, batch.mask, lambda: batch.spread(entropy_from_logits(logits)))
         if self.temperature == 1.0:
             trainer = old
         else:  # the engine's log-probs are at temperature 1: compare with the current policy's at 1

@@ -1,7 +1,6 @@
 """What one generated sample carries through the phases of an RL step, and its model-ready batches."""
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -79,7 +78,15 @@ class RLBatch:
     logit_index: torch.Tensor     # [B, R] positions whose logits predict the response tokens
     tokens: torch.Tensor          # [B, R] response tokens
     mask: torch.Tensor            # [B, R] 1.0 on real response tokens
-    logit_start: int = 0          # the first position whose logits predict a response token (shortest prompt - 1)
+
+    @property
+    def picked(self) -> torch.Tensor:
+        """[B, R] bool: the response tokens that carry loss, whose logits ``response_logits`` returns."""
+        return self.mask > 0
+
+    def spread(self, flat: torch.Tensor) -> torch.Tensor:
+        """Values [N] of the picked tokens (row-major) -> [B, R], zeros elsewhere; differentiable."""
+        return flat.new_zeros(self.mask.shape).masked_scatter(self.picked, flat)
 
 
 def collate(samples: list[Experience], pad_id: int, device: torch.device | str = "cpu") -> RLBatch:
@@ -100,49 +107,57 @@ def collate(samples: list[Experience], pad_id: int, device: torch.device | str =
         tokens[b, :r] = torch.tensor(s.response_ids)
         mask[b, :r] = torch.tensor(s.loss_mask)
     pos = (att.cumsum(1) - 1).clamp(min=0)
-    start = max(min(len(s.prompt_ids) for s in samples) - 1, 0)
-    return RLBatch(ids.to(device), att.to(device), pos.to(device), index.to(device), tokens.to(device), mask.to(device),
-                   start)
+    return RLBatch(ids.to(device), att.to(device), pos.to(device), index.to(device), tokens.to(device), mask.to(device))
 
 
-def gather_positions(x: torch.Tensor, batch: RLBatch, offset: int = 0) -> torch.Tensor:
-    """x [B, T - offset, ...] (positions ``offset`` and on) -> [B, R, ...] at the positions that predict the
-    response tokens (past a row's response: its first kept position, which the mask zeroes)."""
-    idx = (batch.logit_index - offset).clamp(min=0) if offset else batch.logit_index
+def gather_positions(x: torch.Tensor, batch: RLBatch) -> torch.Tensor:
+    """x [B, T, ...] -> [B, R, ...] at the positions that predict the response tokens (past a row's response:
+    its first position, which the mask zeroes)."""
+    idx = batch.logit_index
     if x.dim() == 3:
         idx = idx.unsqueeze(-1).expand(-1, -1, x.size(-1))
     return torch.gather(x, 1, idx)
 
 
-def takes_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether the causal LM under a DeepSpeed engine (``.module``) or a PEFT model (``get_base_model``) takes
-    transformers' ``logits_to_keep``."""
-    inner = getattr(model, "module", model)
-    if hasattr(inner, "get_base_model"):
-        inner = inner.get_base_model()
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
-
-
 def response_logits(model: torch.nn.Module, batch: RLBatch) -> torch.Tensor:
-    """The logits that predict the response tokens [B, R, V].  A model that takes ``logits_to_keep`` runs its
-    output head only from the batch's first such position on: the prompt positions before it need no logits
-    (an [out, vocab] product and a [tokens, vocab] tensor per position saved)."""
+    """The logits that predict the picked response tokens, flat [N, V] (``batch.picked`` row-major; what
+    ``response_logprobs`` and ``batch.spread`` take).
+
+    The output head runs on those N positions only: a forward pre-hook hands it their hidden states, so no
+    prompt, padding or masked position costs an [hidden, vocab] product or a [vocab] row of logits (in a GRPO
+    step of SmolLM2-135M on ASDiv, N is about half of the positions past the shortest prompt).  Whatever the
+    model does to the head's output (a soft cap, a scale) still applies.  A model under a DeepSpeed engine
+    (``.module``) or PEFT is reached through ``get_output_embeddings``; one without it gets its full logits,
+    picked after."""
     kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                   use_cache=False)
-    start = batch.logit_start if batch.logit_start > 0 and takes_logits_to_keep(model) else 0
-    if start:
-        kwargs["logits_to_keep"] = batch.input_ids.size(1) - start
-    return gather_positions(model(**kwargs).logits, batch, start)
+    picked = batch.picked
+    rows, cols = picked.nonzero(as_tuple=True)
+    cols = batch.logit_index[rows, cols]
+    inner = getattr(model, "module", model)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if head is None:
+        return model(**kwargs).logits[rows, cols]
+    handle = head.register_forward_pre_hook(lambda _module, args: (args[0][rows, cols], *args[1:]))
+    try:
+        logits = model(**kwargs).logits
+    finally:
+        handle.remove()
+    if logits.dim() != 2 or logits.size(0) != rows.numel():
+        raise RuntimeError(f"{type(inner).__name__}'s output head gave logits of shape {tuple(logits.shape)} for "
+                           f"{rows.numel()} picked positions: it reshapes the head's output, which "
+                           f"response_logits cannot pick from")
+    return logits
 
 
 def response_logprobs(logits: torch.Tensor, batch: RLBatch, temperature: float = 1.0) -> torch.Tensor:
-    """log p(response token) [B, R] from the response positions' logits [B, R, V] (zeros past each response's
-    end)."""
-    picked = logits.float()
+    """log p(response token) [B, R] from the picked tokens' logits [N, V] (``response_logits``); zeros at the
+    tokens that are not picked (padding, masked feedback)."""
+    z = logits.float()
     if temperature not in (0.0, 1.0):
-        picked = picked / temperature
-    logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.tokens.unsqueeze(-1)).squeeze(-1)
-    return logp * batch.mask
+        z = z / temperature
+    logp = torch.log_softmax(z, dim=-1).gather(-1, batch.tokens[batch.picked].unsqueeze(-1)).squeeze(-1)
+    return batch.spread(logp)
 
 
 def padded(rows: list[list[float]], width: int) -> torch.Tensor:

@@ -1,0 +1,112 @@
+"""Where an optimizer step's training passes go: the actor's forward and backward under ``torch.profiler``.
+
+The transformers engine generates one batch of ``--prompts`` ASDiv prompts × ``--samples`` samples (the
+model's chat template, up to ``--max-new-tokens`` at temperature 1), then the actor's code path trains on
+them once: ``optimizer_steps`` cuts the batch into micro-batches of ``--micro`` rows longest first,
+``response_logits`` and ``response_logprobs`` give each token's log-prob, and a policy-gradient loss over the
+tokens goes backward (no optimizer step: it changes nothing in the passes' cost).  The passes are timed once
+without the profiler and once with it.  The operators' self time is grouped: matrix products, attention,
+the output head's log-softmax and gathers over the vocabulary, everything else.  One JSON line last.
+
+    .venv/bin/python benchmarks/profile_training.py     # SmolLM2-135M, 8 x 8 x 256: about 3 minutes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+REAL = Path(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")).expanduser()  # scripts/real_assets.sh
+GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm"),
+          "attention": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
+          "vocabulary": ("aten::_log_softmax", "aten::log_softmax", "aten::gather", "aten::scatter",
+                         "aten::_softmax", "aten::logsumexp", "aten::index")}
+
+
+def group_of(op: str) -> str:
+    """The group an operator's name falls in (pure)."""
+    return next((name for name, prefixes in GROUPS.items() if op.startswith(prefixes)), "other")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(REAL / "smollm2-135m-instruct"))
+    ap.add_argument("--data", default=str(REAL / "asdiv" / "train.jsonl"))
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hpc_rlhf.engines.hf_engine import HFEngine
+    from hpc_rlhf.engines.rollout import SamplingParams
+    from hpc_rlhf.roles.experience import Experience, response_logits, response_logprobs
+    from hpc_rlhf.roles.training import optimizer_steps
+    torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    rows = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()][:args.prompts]
+    texts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                     tokenize=False) for r in rows]
+    prompts = tok(texts, add_special_tokens=False)["input_ids"]
+    engine = HFEngine(args.model, max_batch_size=args.prompts * args.samples)
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens,
+                            stop_token_ids=sorted({tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}))
+    flat = [p for p in prompts for _ in range(args.samples)]
+    out = engine.generate(flat, params, list(range(len(flat))))
+    del engine
+    samples = [Experience(i // args.samples, i % args.samples, list(p), list(c.token_ids), list(c.logprobs), "stop",
+                          "", "", None, advantages=[(-1.0) ** i] * len(c.token_ids))
+               for i, (p, c) in enumerate(zip(flat, out))]
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model.train()
+    [micro_batches] = optimizer_steps(samples, len(samples), args.micro, 1, 0, tok.pad_token_id or 0, "cpu")
+    tokens = sum(len(s.response_ids) for s in samples)
+
+    def passes() -> dict[str, float]:
+        sec = {"forward_s": 0.0, "backward_s": 0.0}
+        for part, batch in micro_batches:
+            t0 = time.perf_counter()
+            logp = response_logprobs(response_logits(model, batch), batch)
+            adv = torch.zeros_like(logp)
+            for b, s in enumerate(part):
+                adv[b, :len(s.advantages)] = torch.tensor(s.advantages)
+            loss = -(logp * adv * batch.mask).sum() / tokens
+            t1 = time.perf_counter()
+            loss.backward()
+            sec["forward_s"] += t1 - t0
+            sec["backward_s"] += time.perf_counter() - t1
+        model.zero_grad(set_to_none=True)
+        return sec
+
+    plain = passes()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        profiled = passes()
+    groups, calls = defaultdict(float), defaultdict(int)
+    top = []
+    for e in prof.key_averages():
+        groups[group_of(e.key)] += e.self_cpu_time_total / 1e6
+        calls[group_of(e.key)] += e.count
+        top.append((e.self_cpu_time_total / 1e6, e.key, e.count))
+    positions = sum(int(b.input_ids.numel()) for _, b in micro_batches)
+    result = {"response_tokens": tokens, "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
+              "padded_positions": positions, "micro_batches": len(micro_batches), "plain": plain,
+              "profiled": profiled, "self_s": dict(groups), "calls": dict(calls),
+              "top": [{"op": k, "self_s": s, "calls": n} for s, k, n in sorted(top, reverse=True)[:16]]}
+    for s, k, n in sorted(top, reverse=True)[:16]:
+        print(f"{k:50s} {s:7.2f} s {n:9d} calls", file=sys.stderr)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
