@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compile-layers", action="store_true",
+                    help="torch.compile each decoder layer (dynamic shapes) and time one warm-up pass first")
     args = ap.parse_args(argv)
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -88,6 +90,13 @@ def main(argv=None) -> int:
         model.zero_grad(set_to_none=True)
         return sec
 
+    warmup_s = None
+    if args.compile_layers:
+        for layer in model.model.layers:
+            layer.compile(dynamic=True)
+        t0 = time.perf_counter()
+        passes()
+        warmup_s = time.perf_counter() - t0
     plain = passes()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         profiled = passes()
@@ -99,7 +108,8 @@ def main(argv=None) -> int:
         top.append((e.self_cpu_time_total / 1e6, e.key, e.count))
     positions = sum(int(b.input_ids.numel()) for _, b in micro_batches)
     result = {"response_tokens": tokens, "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
-              "padded_positions": positions, "micro_batches": len(micro_batches), "plain": plain,
+              "padded_positions": positions, "micro_batches": len(micro_batches), "compile_layers": args.compile_layers,
+              "warmup_s": warmup_s, "plain": plain,
               "profiled": profiled, "self_s": dict(groups), "calls": dict(calls),
               "top": [{"op": k, "self_s": s, "calls": n} for s, k, n in sorted(top, reverse=True)[:16]]}
     for s, k, n in sorted(top, reverse=True)[:16]:
