@@ -240,6 +240,7 @@ def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_
            "rollout": rollout,
            "algo": {"advantage_estimator": "group_norm", "init_kl_coef": 0.0},
            "train": {"train_batch_size": n, "micro_train_batch_size": args.micro_batch,
+                     "micro_batch_overhead_tokens": args.micro_batch_overhead,
                      "actor_learning_rate": args.lr, "max_steps": args.steps, "zero_stage": 0, "seed": args.seed,
                      "async_train": asynchronous},
            "placement": {"colocate_actor_reward": True} if asynchronous else {"colocate_all": True},
@@ -531,6 +532,10 @@ def parse_args(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per sample at most (default 256)")
     ap.add_argument("--micro-batch", type=int, default=16, help="rows per forward/backward, both sides (default 16, "
                                                                 "capped at prompts x samples)")
+    ap.add_argument("--micro-batch-overhead", type=int, default=64,
+                    help="hpc_rlhf's train.micro_batch_overhead_tokens: micro-batches of at most --micro-batch rows, "
+                         "cut where padding costs more than this many positions (default 64; 0: --micro-batch rows "
+                         "each, as TRL cuts them)")
     ap.add_argument("--lr", type=float, default=1e-6, help="learning rate, both sides (default 1e-6)")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                     help="dtype of every side's model (bf16: hpc_rlhf's param_dtype with fp32 master weights in "
@@ -559,8 +564,9 @@ def parse_args(argv=None):
     for flag in ("steps", "rounds", "prompts", "samples", "max_new_tokens", "micro_batch", "limit_threads"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.warmup < 0:
-        ap.error(f"--warmup must be >= 0, got {args.warmup}")
+    for flag in ("warmup", "micro_batch_overhead"):
+        if getattr(args, flag) < 0:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
     need = args.warmup + (2 if any(s in ASYNC_SIDES for s in sides) else 1)
     if args.steps < need:
         ap.error(f"--steps {args.steps} leaves no timed step: need >= --warmup + 1 (+ 1 with an async side) = {need}")
@@ -647,7 +653,8 @@ def main(argv=None) -> None:
     result = {"benchmark": "grpo_real_vs_trl",
               "config": {"prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
                          "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
-                         "micro_batch": args.micro_batch, "lr": args.lr, "dtype": args.dtype,
+                         "micro_batch": args.micro_batch, "micro_batch_overhead": args.micro_batch_overhead,
+                         "lr": args.lr, "dtype": args.dtype,
                          "trl_generation": args.trl_generation, "async_engine": args.async_engine,
                          "model": model, "data": str(data), "prompt_tokens_mean": prompt_mean,
                          "prompt_max_len": prompt_max_len, **info},

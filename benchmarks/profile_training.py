@@ -2,7 +2,8 @@
 
 The transformers engine generates one batch of ``--prompts`` ASDiv prompts × ``--samples`` samples (the
 model's chat template, up to ``--max-new-tokens`` at temperature 1), then the actor's code path trains on
-them once: ``optimizer_steps`` cuts the batch into micro-batches of ``--micro`` rows longest first,
+them once: ``optimizer_steps`` cuts the batch into micro-batches of ``--micro`` rows longest first (or, with
+``--overhead``, where padding costs more than that many positions),
 ``response_logits`` and ``response_logprobs`` give each token's log-prob, and a policy-gradient loss over the
 tokens goes backward (no optimizer step: it changes nothing in the passes' cost).  The passes are timed once
 without the profiler and once with it.  The operators' self time is grouped: matrix products, attention,
@@ -42,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--overhead", type=int, default=0, help="train.micro_batch_overhead_tokens (0: --micro rows each)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compile-layers", action="store_true",
                     help="torch.compile each decoder layer (dynamic shapes) and time one warm-up pass first")
@@ -71,7 +73,8 @@ def main(argv=None) -> int:
                for i, (p, c) in enumerate(zip(flat, out))]
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.train()
-    [micro_batches] = optimizer_steps(samples, len(samples), args.micro, 1, 0, tok.pad_token_id or 0, "cpu")
+    [micro_batches] = optimizer_steps(samples, len(samples), args.micro, 1, 0, tok.pad_token_id or 0, "cpu",
+                                     args.overhead)
     tokens = sum(len(s.response_ids) for s in samples)
 
     def passes() -> dict[str, float]:
@@ -107,8 +110,10 @@ def main(argv=None) -> int:
         calls[group_of(e.key)] += e.count
         top.append((e.self_cpu_time_total / 1e6, e.key, e.count))
     positions = sum(int(b.input_ids.numel()) for _, b in micro_batches)
-    result = {"response_tokens": tokens, "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
-              "padded_positions": positions, "micro_batches": len(micro_batches), "compile_layers": args.compile_layers,
+    result = {"lengths": sorted((len(s.prompt_ids) + len(s.response_ids) for s in samples), reverse=True),
+              "response_tokens": tokens, "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
+              "padded_positions": positions, "micro_batches": [len(m) for m, _ in micro_batches],
+              "overhead": args.overhead, "compile_layers": args.compile_layers,
               "warmup_s": warmup_s, "plain": plain,
               "profiled": profiled, "self_s": dict(groups), "calls": dict(calls),
               "top": [{"op": k, "self_s": s, "calls": n} for s, k, n in sorted(top, reverse=True)[:16]]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpc_rlhf.data.batching import EpochSampler, split_micro_batches
+from hpc_rlhf.data.batching import EpochSampler, cut_longest_first, split_micro_batches
 from hpc_rlhf.data.packing import collate_packed, collate_padded, packed_attention_mask
 from hpc_rlhf.data.sft import Sample
 
@@ -142,3 +142,34 @@ def test_packed_equals_padded_on_tiny_llama():
 
     assert packed.num_loss_tokens == padded.num_loss_tokens == sum(s.num_loss_tokens for s in samples)
     torch.testing.assert_close(nll(out_pack, packed.labels), nll(out_pad, padded.labels), atol=1e-5, rtol=0)
+
+
+def test_cut_longest_first_weighs_padding_against_the_cost_of_a_micro_batch():
+    # lengths 10, 9, 3, 2 (longest first), at most 4 rows a run; a run costs rows x its first length + overhead
+    # overhead 0: every row alone, 10 + 9 + 3 + 2 = 24 positions (no padding) beats (10, 9 | 3, 2) = 26
+    assert cut_longest_first([10, 9, 3, 2], 4, 0) == [1, 1, 1, 1]
+    # overhead 2: (10, 9 | 3, 2) = 20 + 6 + 2 x 2 = 30 beats alone 24 + 8 = 32, (10 | 9 | 3, 2) = 25 + 6 = 31
+    assert cut_longest_first([10, 9, 3, 2], 4, 2) == [2, 2]
+    # overhead 20: one run 40 + 20 = 60 beats (10, 9 | 3, 2) = 26 + 40 = 66
+    assert cut_longest_first([10, 9, 3, 2], 4, 20) == [4]
+    assert cut_longest_first([10, 9, 3, 2], 1, 20) == [1, 1, 1, 1]  # at most one row a run
+    # at most 3 rows: (10, 9 | 3, 2) = 66 beats (10, 9, 3 | 2) = 30 + 2 + 40 = 72 and (10 | 9, 3, 2) = 77
+    assert cut_longest_first([10, 9, 3, 2], 3, 20) == [2, 2]
+    assert cut_longest_first([2, 2], 2, 0) == [2]  # a tie (4 positions either way): the fewer runs
+    assert cut_longest_first([], 4, 1) == []
+    # exactly 2 runs (what another rank needs): (10, 9 | 3, 2) = 26 against (10 | 9, 3, 2) 37, (10, 9, 3 | 2) 32
+    assert cut_longest_first([10, 9, 3, 2], 4, 0, runs=2) == [2, 2]
+    # exactly 3: (10 | 9 | 3, 2) = 25 ties (10, 9 | 3 | 2) = 25: the longer last run
+    assert cut_longest_first([10, 9, 3, 2], 4, 0, runs=3) == [1, 1, 2]
+    assert cut_longest_first([10, 9, 3, 2], 2, 50, runs=4) == [1, 1, 1, 1]
+
+
+def test_cut_longest_first_refuses_unsorted_lengths_and_no_rows():
+    with pytest.raises(ValueError, match="sorted longest first"):
+        cut_longest_first([3, 5], 2, 0)
+    with pytest.raises(ValueError, match="max_rows"):
+        cut_longest_first([3], 0, 0)
+    with pytest.raises(ValueError, match="cannot be cut into 1 runs of at most 2"):
+        cut_longest_first([5, 4, 3], 2, 0, runs=1)
+    with pytest.raises(ValueError, match="cannot be cut into 4 runs"):
+        cut_longest_first([5, 4, 3], 2, 0, runs=4)

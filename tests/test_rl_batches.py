@@ -13,7 +13,9 @@ from transformers import AutoModelForCausalLM
 from hpc_rlhf.data.batching import chunks
 from hpc_rlhf.models.tiny import build_tiny_model
 from hpc_rlhf.roles.experience import Experience, collate, gather_positions, response_logits, response_logprobs
-from hpc_rlhf.roles.training import combine, optimizer_steps, per_sample
+from hpc_rlhf.roles.training import combine, micro_batches, optimizer_steps, per_sample
+
+from _dist import run_ranks
 
 # (prompt length, response length) of eight samples: the shortest prompt has 2 tokens
 SHAPES = [(5, 1), (2, 9), (4, 4), (3, 12), (6, 2), (2, 3), (5, 7), (3, 0)]
@@ -137,9 +139,39 @@ def test_spread_puts_the_picked_values_back_in_place():
     assert x.grad.tolist() == [1.0, 2.0, 4.0]
 
 
-def test_sorted_micro_batches_give_the_gradient_of_one_batch(tiny):
+def test_an_overhead_cuts_micro_batches_where_padding_costs_more():
+    """Totals 15, 12, 11, 8, 8, 6, 5, 3 (68 tokens), at most 4 rows a micro-batch.  Four rows each: 60 + 32 = 92
+    positions.  With 4 positions' overhead a micro-batch, (15 | 12, 11 | 8, 8 | 6, 5, 3) costs
+    15 + 24 + 16 + 18 + 4 x 4 = 89, tied with (15 | 12, 11 | 8, 8, 6 | 5, 3) (the longer last run wins);
+    (15, 12 | 11 | 8, 8, 6 | 5, 3) costs 91, two runs of four 100."""
+    xs = samples()
+    assert [len(m) for m in micro_batches(xs, 4, 0)] == [4, 4]
+    [step] = optimizer_steps(xs, 8, 4, 1, 0, 0, "cpu", overhead=4)
+    assert [[total(s) for s in m] for m, _ in step] == [[15], [12, 11], [8, 8], [6, 5, 3]]
+    assert sum(b.input_ids.numel() for _, b in step) == 73
+
+
+def _agreed_cut(rank_shapes):
+    from hpc_rlhf.distributed.collectives import world_size
+    import torch.distributed as dist
+    mine = rank_shapes[dist.get_rank() if world_size() > 1 else 0]
+    return [len(m) for m in micro_batches(samples(mine), 4, 4)]
+
+
+def test_every_rank_makes_as_many_backward_passes_as_the_one_that_needs_most():
+    """Rank 0's samples want 4 micro-batches (above); rank 1's eight equal rows want 2 of 4 rows and get 4
+    (each backward reduces the gradient over the ranks, so the counts must match): every cut of equal rows
+    has 40 positions, and ties go to the longer last run, so 1, 1, 2, 4."""
+    equal = [(2, 3)] * 8
+    assert _agreed_cut([equal]) == [4, 4]
+    assert run_ranks(_agreed_cut, 2, [SHAPES, equal]) == [[1, 2, 2, 3], [1, 1, 2, 4]]
+
+
+@pytest.mark.parametrize("overhead", [0, 4])
+def test_sorted_micro_batches_give_the_gradient_of_one_batch(tiny, overhead):
     """The summed token log-probs of the step's samples: one padded batch of all eight against the optimizer
-    step's micro-batches (longest first, logits from the shortest prompt on): the same loss and gradient."""
+    step's micro-batches (longest first; of 3 rows, or cut where padding costs more than 4 positions): the same
+    loss and gradient."""
     xs = samples()
 
     def grads(parts):
@@ -151,7 +183,8 @@ def test_sorted_micro_batches_give_the_gradient_of_one_batch(tiny):
             lp.backward()
             loss += float(lp.detach())
         return loss, [p.grad.clone() for p in tiny.parameters()]
-    [step] = optimizer_steps(xs, 8, 3, 1, 0, 0, "cpu")
+    [step] = optimizer_steps(xs, 8, 3, 1, 0, 0, "cpu", overhead)
+    assert len(step) == (3 if overhead == 0 else 4)
     one_loss, one = grads([xs])
     cut_loss, cut = grads([micro for micro, _ in step])
     assert cut_loss == pytest.approx(one_loss, rel=1e-6)

@@ -215,6 +215,10 @@ class RLTrainConfig(OptimizerConfig):
     max_steps: int | None = field(None, ge=1, help="stop after this many RL steps")
     train_batch_size: int = field(8, ge=1, help="samples per optimizer step, over all actor ranks")
     micro_train_batch_size: int = field(4, ge=1, help="samples per forward/backward on one rank")
+    micro_batch_overhead_tokens: int = field(
+        0, ge=0, help="0: micro-batches of micro_train_batch_size samples, longest first; N > 0: at most that many, "
+                      "cut where padding costs more than N positions per extra micro-batch (less padding, the same "
+                      "gradient; 64 suits SmolLM2-135M on a CPU: docs/performance.md)")
     max_epochs: int = field(1, ge=1, help="optimisation passes over each step's samples")
     actor_learning_rate: float = field(1e-6, gt=0, help="actor peak learning rate")
     critic_learning_rate: float = field(9e-6, gt=0, help="critic peak learning rate")

@@ -60,6 +60,38 @@ def chunks(items: Sequence, size: int) -> list[list]:
     return [list(items[i:i + size]) for i in range(0, len(items), size)]
 
 
+def cut_longest_first(lengths: Sequence[int], max_rows: int, overhead: float, runs: int | None = None) -> list[int]:
+    """Sizes of the consecutive runs that cut ``lengths`` (sorted longest first) into micro-batches of at most
+    ``max_rows`` rows at the least cost, a run costing its padded positions (rows × its first length) plus
+    ``overhead`` positions (what a micro-batch costs beyond its positions: its gradient accumulation, its
+    per-layer calls).  ``runs``: exactly that many runs (ranks that must make the same number of backward
+    passes).  Of equal costs: the fewest runs, then the longer last run.  Exact, by dynamic programming."""
+    if any(a < b for a, b in zip(lengths, lengths[1:])):
+        raise ValueError(f"cut_longest_first needs lengths sorted longest first, got {list(lengths)}")
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    n = len(lengths)
+    if runs is not None and not -(-n // max_rows) <= runs <= n:
+        raise ValueError(f"{n} rows cannot be cut into {runs} runs of at most {max_rows}")
+    most = n if runs is None else runs
+    # best[k][j]: the least cost of the first j rows in k runs; size[k][j]: the last run's rows there
+    best = [[math.inf] * (n + 1) for _ in range(most + 1)]
+    size = [[0] * (n + 1) for _ in range(most + 1)]
+    best[0][0] = 0.0
+    for k in range(1, most + 1):
+        for j in range(k, n + 1):
+            for i in range(max(k - 1, j - max_rows), j):  # the last run is rows i..j-1
+                cost = best[k - 1][i] + (j - i) * lengths[i] + overhead
+                if cost < best[k][j]:
+                    best[k][j], size[k][j] = cost, j - i
+    k = runs if runs is not None else min(range(most + 1), key=lambda r: (best[r][n], r))
+    sizes = []
+    while n:
+        sizes.append(size[k][n])
+        n, k = n - size[k][n], k - 1
+    return sizes[::-1]
+
+
 def _split_largest(groups: list[list[Sample]]) -> None:
     """Split the group with the most tokens (of those with 2+ samples) where the halves balance best."""
     candidates = [i for i, g in enumerate(groups) if len(g) > 1]

@@ -63,7 +63,7 @@ class Actor:
         history = []
         self._mismatch_max = 0.0
         for micro in optimizer_steps(samples, per_rank, t.micro_train_batch_size, t.max_epochs,
-                                     t.seed + step, self.pad_id, self.device):
+                                     t.seed + step, self.pad_id, self.device, t.micro_batch_overhead_tokens):
             history.append(run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size,
                                               float(self.cfg.max_action_tokens())))
         out = {f"actor/{k}": v for k, v in combine(history).items()}

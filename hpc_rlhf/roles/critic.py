@@ -56,5 +56,5 @@ class Critic:
         history = [run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size, None)
                    for micro in optimizer_steps(samples, t.train_batch_size // self.world_size,
                                                 t.micro_train_batch_size, t.max_epochs, t.seed + step + 7,
-                                                self.pad_id, self.device)]
+                                                self.pad_id, self.device, t.micro_batch_overhead_tokens)]
         return {f"critic/{k}": v for k, v in combine(history).items()}

@@ -8,8 +8,8 @@ from typing import Callable
 import torch
 
 from ..algorithms.aggregation import StepNorm
-from ..data.batching import chunks
-from ..distributed.collectives import sum_over_ranks
+from ..data.batching import chunks, cut_longest_first
+from ..distributed.collectives import max_over_ranks, sum_over_ranks
 from ..engines.deepspeed_strategy import optimizer_step
 from .experience import Experience, RLBatch, collate, unpadded
 
@@ -37,17 +37,35 @@ def per_sample(module: torch.nn.Module, samples: list[Experience], micro: int, p
 
 
 def optimizer_steps(samples: list[Experience], per_rank_batch: int, micro: int, epochs: int, seed: int,
-                    pad_id: int, device) -> list[list[tuple[list[Experience], RLBatch]]]:
+                    pad_id: int, device, overhead: int = 0) -> list[list[tuple[list[Experience], RLBatch]]]:
     """The step's samples shuffled per epoch (seeded), cut into optimizer steps; each optimizer step's samples
-    are cut into micro-batches longest first.  The micro-batches of one optimizer step add up to one gradient,
-    so how they are cut changes nothing but the padding: in a GRPO step of SmolLM2-135M on ASDiv (64 samples,
-    micro-batches of 16), shuffled micro-batches held twice the real tokens, sorted ones 1.16 times."""
+    are cut into micro-batches longest first (``micro_batches``).  The micro-batches of one optimizer step add
+    up to one gradient, so how they are cut changes nothing but the padding: in a GRPO step of SmolLM2-135M on
+    ASDiv (64 samples, micro-batches of 16), shuffled micro-batches held twice the real tokens, sorted ones
+    1.16 times."""
     out = []
     for epoch in range(epochs):
         order = list(samples)
         random.Random(seed * 1000 + epoch).shuffle(order)
         for mb in chunks(order, per_rank_batch):
-            out.append([(m, collate(m, pad_id, device)) for m in chunks(by_length(mb), micro)])
+            out.append([(m, collate(m, pad_id, device)) for m in micro_batches(mb, micro, overhead)])
+    return out
+
+
+def micro_batches(samples: list[Experience], micro: int, overhead: int) -> list[list[Experience]]:
+    """One optimizer step's samples on this rank, longest first, cut into micro-batches: of ``micro`` rows, or,
+    with ``overhead`` > 0, of at most ``micro`` rows at the least padded positions plus ``overhead`` positions
+    per micro-batch (``cut_longest_first``), as many as the role's rank that needs the most (every rank makes
+    the same number of backward passes: each one reduces the gradient over the ranks)."""
+    rows = by_length(samples)
+    if not overhead:
+        return chunks(rows, micro)
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in rows]
+    runs = max_over_ranks(len(cut_longest_first(lengths, micro, overhead)))
+    out = []
+    for n in cut_longest_first(lengths, micro, overhead, runs):
+        out.append(rows[:n])
+        rows = rows[n:]
     return out
 
 
