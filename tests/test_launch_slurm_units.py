@@ -113,9 +113,9 @@ def test_memory_counts_by_hand():
     assert memory.trained(shape, "bf16", 2, 4, False, False, 2, 16, False) == {
         "weights": 2000, "gradients": 500, "optimizer": 3000, "activations": 480 * 32 * 2}
     # fp32, ZeRO-3: weights sharded too; 4-byte activations; no master copy; logits of 6 positions per
-    # sequence: 5 float32 copies of [1 x 6, 10 vocab]
+    # sequence: 3 float32 copies of [1 x 6, 10 vocab]
     assert memory.trained(shape, "fp32", 3, 2, False, False, 1, 10, False, logit_positions=6) == {
-        "weights": 2000, "gradients": 2000, "optimizer": 4000, "activations": 960 * 10 * 2, "logits": 5 * 4 * 6 * 10}
+        "weights": 2000, "gradients": 2000, "optimizer": 4000, "activations": 960 * 10 * 2, "logits": 3 * 4 * 6 * 10}
     # gradient checkpointing: each layer's input (4 B * 8 hidden per token and layer) plus one full layer
     assert memory.trained(shape, "fp32", 0, 1, True, False, 1, 10, True)["activations"] == 4 * 8 * 10 * 2 + 960 * 10
     # the rollout's cache: 2 (k and v) * layers * kv_heads * head_dim * 2 B * sequences * length

@@ -13,9 +13,11 @@ width, i the MLP width, V the vocabulary; b = 2 for bf16 values, 4 for fp32):
   rotation; the attention output; the gated MLP's four i-wide tensors; 2 i for an ungated MLP).  Measured on
   SmolLM2-135M in fp32 (16 rows, backward of the token log-probs): 1.43-1.53 MiB per token against 1.49
   counted.  With gradient checkpointing: each layer's input (b h per token and layer) plus one full layer.
-- logits of a trained policy: 5 float32 [tokens, V] tensors per position that needs logits (the head's
-  output, the response positions gathered from it, their log-softmax, and the gradients of the last two in
-  the backward pass); measured 5.25 on SmolLM2-135M.
+- logits of a trained policy: 3 float32 [tokens, V] tensors per response token (the output head runs on the
+  response tokens only: its output and the log-softmax of it in the forward pass; in the backward pass the
+  saved log-softmax, the gradient of its output and of its input); measured 3.1 on SmolLM2-135M in fp32
+  (16 rows of 136 prompt and 256 response tokens: 11.5 GiB over the model and its gradients, of which 9.15
+  are the activations above).
 - rollout: weights, the lean decoder's packed copy of the linear weights (transformers engine, llama-family
   models), and the key/value cache of the rank's sequences at full length (vLLM: the cache it preallocates,
   `vllm_cpu_kv_cache_gib` on a CPU rank).
@@ -37,7 +39,7 @@ from ..models.loading import resolve_pretrained
 
 RUNTIME_BYTES = 2 ** 29
 TRANSIENT = ("activations", "logits", "kv cache")  # the parts that live during one phase only
-LOGIT_COPIES = 5
+LOGIT_COPIES = 3
 
 
 @dataclass(frozen=True)
