@@ -73,22 +73,32 @@ def cut_longest_first(lengths: Sequence[int], max_rows: int, overhead: float, ru
     n = len(lengths)
     if runs is not None and not -(-n // max_rows) <= runs <= n:
         raise ValueError(f"{n} rows cannot be cut into {runs} runs of at most {max_rows}")
-    most = n if runs is None else runs
-    # best[k][j]: the least cost of the first j rows in k runs; size[k][j]: the last run's rows there
-    best = [[math.inf] * (n + 1) for _ in range(most + 1)]
-    size = [[0] * (n + 1) for _ in range(most + 1)]
-    best[0][0] = 0.0
-    for k in range(1, most + 1):
-        for j in range(k, n + 1):
-            for i in range(max(k - 1, j - max_rows), j):  # the last run is rows i..j-1
-                cost = best[k - 1][i] + (j - i) * lengths[i] + overhead
-                if cost < best[k][j]:
-                    best[k][j], size[k][j] = cost, j - i
-    k = runs if runs is not None else min(range(most + 1), key=lambda r: (best[r][n], r))
-    sizes = []
-    while n:
-        sizes.append(size[k][n])
-        n, k = n - size[k][n], k - 1
+
+    def relax(prev: list, best: list, size: list[int]) -> None:
+        """best[j]: the least (cost, runs) of the first j rows with one run more than ``prev`` counts;
+        size[j]: that last run's rows."""
+        for j in range(1, n + 1):
+            for i in range(max(0, j - max_rows), j):  # the last run is rows i..j-1
+                cost = (prev[i][0] + (j - i) * lengths[i] + overhead, prev[i][1] + 1)
+                if cost < best[j]:
+                    best[j], size[j] = cost, j - i
+
+    first = [(0.0, 0)] + [(math.inf, 0)] * n
+    if runs is None:  # one table (row j reads the rows before it, already final): O(rows × max_rows)
+        tables = [[0] * (n + 1)]
+        relax(first, first, tables[0])
+    else:  # a table per run: O(rows × max_rows × runs)
+        tables, prev = [], first
+        for _ in range(runs):
+            best = [(math.inf, 0)] * (n + 1)
+            tables.append([0] * (n + 1))
+            relax(prev, best, tables[-1])
+            prev = best
+    sizes, j = [], n
+    while j:
+        size = tables[0] if runs is None else tables[runs - 1 - len(sizes)]
+        sizes.append(size[j])
+        j -= size[j]
     return sizes[::-1]
 
 

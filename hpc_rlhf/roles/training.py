@@ -61,9 +61,12 @@ def micro_batches(samples: list[Experience], micro: int, overhead: int) -> list[
     if not overhead:
         return chunks(rows, micro)
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in rows]
-    runs = max_over_ranks(len(cut_longest_first(lengths, micro, overhead)))
+    sizes = cut_longest_first(lengths, micro, overhead)
+    runs = max_over_ranks(len(sizes))
+    if runs != len(sizes):
+        sizes = cut_longest_first(lengths, micro, overhead, runs)
     out = []
-    for n in cut_longest_first(lengths, micro, overhead, runs):
+    for n in sizes:
         out.append(rows[:n])
         rows = rows[n:]
     return out
