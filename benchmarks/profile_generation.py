@@ -26,22 +26,25 @@ GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm"),
                        "aten::_log_softmax")}
 
 
-def group_of(op: str) -> str:
+def group_of(op: str, groups: dict[str, tuple[str, ...]] = GROUPS) -> str:
     """The group an operator's name falls in (pure)."""
-    return next((name for name, prefixes in GROUPS.items() if op.startswith(prefixes)), "other")
+    return next((name for name, prefixes in groups.items() if op.startswith(prefixes)), "other")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_batch_args(ap: argparse.ArgumentParser) -> None:
+    """The flags of one generation batch (shared with profile_training.py)."""
     ap.add_argument("--model", default=str(REAL / "smollm2-135m-instruct"))
     ap.add_argument("--data", default=str(REAL / "asdiv" / "train.jsonl"))
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args(argv)
+
+
+def generation_batch(args):
+    """(tokenizer, engine, prompts × samples, sampling params, seeds) of the batch ``args`` describe: the first
+    ``--prompts`` ASDiv prompts in the model's chat template, temperature 1, up to ``--max-new-tokens``."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
     from transformers import AutoTokenizer
 
     from hpc_rlhf.engines.hf_engine import HFEngine
@@ -56,7 +59,30 @@ def main(argv=None) -> int:
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens,
                             stop_token_ids=sorted({tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}))
     flat = [p for p in prompts for _ in range(args.samples)]
-    seeds = list(range(len(flat)))
+    return tok, engine, flat, params, list(range(len(flat)))
+
+
+def self_time(prof, groups: dict[str, tuple[str, ...]], top_n: int) -> dict:
+    """A profile's operator self seconds summed by group, calls by group, and the ``top_n`` operators (the
+    list also printed to stderr)."""
+    seconds, calls, top = defaultdict(float), defaultdict(int), []
+    for e in prof.key_averages():
+        seconds[group_of(e.key, groups)] += e.self_cpu_time_total / 1e6
+        calls[group_of(e.key, groups)] += e.count
+        top.append((e.self_cpu_time_total / 1e6, e.key, e.count))
+    top = sorted(top, reverse=True)[:top_n]
+    for s, k, n in top:
+        print(f"{k:50s} {s:7.2f} s {n:9d} calls", file=sys.stderr)
+    return {"self_s": dict(seconds), "calls": dict(calls),
+            "top": [{"op": k, "self_s": s, "calls": n} for s, k, n in top]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_batch_args(ap)
+    args = ap.parse_args(argv)
+    from torch.profiler import ProfilerActivity, profile
+    tok, engine, flat, params, seeds = generation_batch(args)
     t0 = time.perf_counter()
     out = engine.generate(flat, params, seeds)
     plain_s = time.perf_counter() - t0
@@ -64,17 +90,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         engine.generate(flat, params, seeds)
         profiled_s = time.perf_counter() - t0
-    groups, calls = defaultdict(float), defaultdict(int)
-    top = []
-    for e in prof.key_averages():
-        groups[group_of(e.key)] += e.self_cpu_time_total / 1e6
-        calls[group_of(e.key)] += e.count
-        top.append((e.self_cpu_time_total / 1e6, e.key, e.count))
     result = {"tokens": sum(len(c.token_ids) for c in out), "longest": max(len(c.token_ids) for c in out),
-              "plain_s": plain_s, "profiled_s": profiled_s, "self_s": dict(groups), "calls": dict(calls),
-              "top": [{"op": k, "self_s": s, "calls": n} for s, k, n in sorted(top, reverse=True)[:12]]}
-    for s, k, n in sorted(top, reverse=True)[:12]:
-        print(f"{k:50s} {s:7.2f} s {n:9d} calls", file=sys.stderr)
+              "plain_s": plain_s, "profiled_s": profiled_s, **self_time(prof, GROUPS, 12)}
     print(json.dumps(result))
     return 0
 

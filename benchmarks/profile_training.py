@@ -15,58 +15,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-REAL = Path(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")).expanduser()  # scripts/real_assets.sh
+from profile_generation import add_batch_args, generation_batch, self_time  # noqa: E402
+
 GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm"),
           "attention": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
           "vocabulary": ("aten::_log_softmax", "aten::log_softmax", "aten::gather", "aten::scatter",
                          "aten::_softmax", "aten::logsumexp", "aten::index")}
 
 
-def group_of(op: str) -> str:
-    """The group an operator's name falls in (pure)."""
-    return next((name for name, prefixes in GROUPS.items() if op.startswith(prefixes)), "other")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(REAL / "smollm2-135m-instruct"))
-    ap.add_argument("--data", default=str(REAL / "asdiv" / "train.jsonl"))
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=256)
+    add_batch_args(ap)
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--overhead", type=int, default=0, help="train.micro_batch_overhead_tokens (0: --micro rows each)")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compile-layers", action="store_true",
                     help="torch.compile each decoder layer (dynamic shapes) and time one warm-up pass first")
     args = ap.parse_args(argv)
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from hpc_rlhf.engines.hf_engine import HFEngine
-    from hpc_rlhf.engines.rollout import SamplingParams
     from hpc_rlhf.roles.experience import Experience, response_logits, response_logprobs
     from hpc_rlhf.roles.training import optimizer_steps
-    torch.set_num_threads(args.threads)
-    tok = AutoTokenizer.from_pretrained(args.model)
-    rows = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()][:args.prompts]
-    texts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                     tokenize=False) for r in rows]
-    prompts = tok(texts, add_special_tokens=False)["input_ids"]
-    engine = HFEngine(args.model, max_batch_size=args.prompts * args.samples)
-    params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens,
-                            stop_token_ids=sorted({tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}))
-    flat = [p for p in prompts for _ in range(args.samples)]
-    out = engine.generate(flat, params, list(range(len(flat))))
+    tok, engine, flat, params, seeds = generation_batch(args)
+    out = engine.generate(flat, params, seeds)
     del engine
     samples = [Experience(i // args.samples, i % args.samples, list(p), list(c.token_ids), list(c.logprobs), "stop",
                           "", "", None, advantages=[(-1.0) ** i] * len(c.token_ids))
@@ -103,22 +81,12 @@ def main(argv=None) -> int:
     plain = passes()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         profiled = passes()
-    groups, calls = defaultdict(float), defaultdict(int)
-    top = []
-    for e in prof.key_averages():
-        groups[group_of(e.key)] += e.self_cpu_time_total / 1e6
-        calls[group_of(e.key)] += e.count
-        top.append((e.self_cpu_time_total / 1e6, e.key, e.count))
     positions = sum(int(b.input_ids.numel()) for _, b in micro_batches)
     result = {"lengths": sorted((len(s.prompt_ids) + len(s.response_ids) for s in samples), reverse=True),
               "response_tokens": tokens, "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
               "padded_positions": positions, "micro_batches": [len(m) for m, _ in micro_batches],
               "overhead": args.overhead, "compile_layers": args.compile_layers,
-              "warmup_s": warmup_s, "plain": plain,
-              "profiled": profiled, "self_s": dict(groups), "calls": dict(calls),
-              "top": [{"op": k, "self_s": s, "calls": n} for s, k, n in sorted(top, reverse=True)[:16]]}
-    for s, k, n in sorted(top, reverse=True)[:16]:
-        print(f"{k:50s} {s:7.2f} s {n:9d} calls", file=sys.stderr)
+              "warmup_s": warmup_s, "plain": plain, "profiled": profiled, **self_time(prof, GROUPS, 16)}
     print(json.dumps(result))
     return 0
 

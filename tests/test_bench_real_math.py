@@ -172,3 +172,12 @@ def test_profile_generation_groups():
     assert pg.group_of("aten::uniform_") == "sampling" and pg.group_of("aten::argmax") == "sampling"
     assert pg.group_of("aten::matmul") == "other"  # the dispatcher above aten::mm: its own time only
     assert pg.group_of("aten::add") == "other"
+
+
+def test_profile_training_groups():
+    import profile_generation as pg
+    import profile_training as pt
+    assert pg.group_of("aten::_log_softmax_backward_data", pt.GROUPS) == "vocabulary"
+    assert pg.group_of("aten::gather", pt.GROUPS) == "vocabulary"
+    assert pg.group_of("aten::uniform_", pt.GROUPS) == "other"  # sampling is generation's group, not training's
+    assert pg.group_of("aten::mm", pt.GROUPS) == "matmul"
