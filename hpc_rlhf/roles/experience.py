@@ -43,6 +43,11 @@ class Experience:
         return self.prompt_index, self.sample_index
 
     @property
+    def length(self) -> int:
+        """Prompt and response tokens: the positions the sample takes in a batch."""
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
     def loss_mask(self) -> list[float]:
         """1.0 on the response tokens that carry loss (the sampled ones), 0.0 on the others."""
         if self.action_mask is None:
@@ -90,8 +95,7 @@ class RLBatch:
 
 
 def collate(samples: list[Experience], pad_id: int, device: torch.device | str = "cpu") -> RLBatch:
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
-    T, R = max(lengths), max(len(s.response_ids) for s in samples)
+    T, R = max(s.length for s in samples), max(len(s.response_ids) for s in samples)
     B = len(samples)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     att = torch.zeros((B, T), dtype=torch.long)

@@ -16,7 +16,7 @@ from .experience import Experience, RLBatch, collate, unpadded
 
 def by_length(samples: list[Experience]) -> list[Experience]:
     """The samples longest first (prompt + response), so that each micro-batch cut from them pads little."""
-    return sorted(samples, key=lambda s: -(len(s.prompt_ids) + len(s.response_ids)))
+    return sorted(samples, key=lambda s: -s.length)
 
 
 @torch.no_grad()
@@ -27,7 +27,7 @@ def per_sample(module: torch.nn.Module, samples: list[Experience], micro: int, p
     was_training = module.training
     module.eval()
     out: list[list[float]] = [[] for _ in samples]
-    order = sorted(range(len(samples)), key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].response_ids)))
+    order = sorted(range(len(samples)), key=lambda i: -samples[i].length)
     for idx in chunks(order, micro):
         part = [samples[i] for i in idx]
         for i, row in zip(idx, unpadded(fn(collate(part, pad_id, device)), part)):
@@ -60,7 +60,7 @@ def micro_batches(samples: list[Experience], micro: int, overhead: int) -> list[
     rows = by_length(samples)
     if not overhead:
         return chunks(rows, micro)
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in rows]
+    lengths = [s.length for s in rows]
     sizes = cut_longest_first(lengths, micro, overhead)
     runs = max_over_ranks(len(sizes))
     if runs != len(sizes):
