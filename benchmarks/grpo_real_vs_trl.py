@@ -4,8 +4,9 @@ Every side trains SmolLM2-135M-Instruct (the converted fp32 folder of ``scripts/
 training split, prompts rendered with the model's chat template, rewarded by hpc_rlhf's math verifier
 (``builtin:math``; TRL gets the same function through a wrapper of its reward signature), ``--prompts`` ×
 ``--samples`` samples per step (8 × 8), up to ``--max-new-tokens`` (256) new tokens at temperature 1, no
-reference model (beta 0), one optimizer step per batch (``--micro-batch`` rows per forward/backward, the
-rest accumulated, on both sides), fp32 (``--dtype bf16``: bf16), the same learning rate.  Sides (``--sides``):
+reference model (beta 0), one optimizer step per batch (at most ``--micro-batch`` rows per forward/backward,
+the rest accumulated, on both sides; hpc_rlhf cuts them where padding costs more than
+``--micro-batch-overhead`` positions), fp32 (``--dtype bf16``: bf16), the same learning rate.  Sides (``--sides``):
 
   trl             TRL's GRPOTrainer in its best CPU configuration: transformers ``generate`` of the whole
                   generation batch at once (steps_per_generation = gradient_accumulation_steps, so no extra

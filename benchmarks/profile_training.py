@@ -9,7 +9,7 @@ tokens goes backward (no optimizer step: it changes nothing in the passes' cost)
 without the profiler and once with it.  The operators' self time is grouped: matrix products, attention,
 the output head's log-softmax and gathers over the vocabulary, everything else.  One JSON line last.
 
-    .venv/bin/python benchmarks/profile_training.py     # SmolLM2-135M, 8 x 8 x 256: about 3 minutes
+    .venv/bin/python benchmarks/profile_training.py     # SmolLM2-135M, 8 x 8 x 256: about 4 minutes
 """
 from __future__ import annotations
 
