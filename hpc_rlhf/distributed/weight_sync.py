@@ -5,12 +5,21 @@ collectively); the actor leader packs each bucket into one flat tensor of the ro
 broadcasts it over the ``weights`` bridge (leader = index 0, rollout ranks 1..N), whose ranks
 unpack it into views and load them into their engine.  One broadcast per bucket instead of one
 per parameter.
+
+On a CPU (gloo) bridge whose ranks share a host, the buckets go through shared memory instead
+(``SharedSlots``): the leader packs each bucket straight into a slot that every rank has mapped, and only
+the bucket's names and shapes travel over gloo.  A rank on another host, or a host without ``/dev/shm``,
+keeps the broadcast.
 """
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -117,16 +126,95 @@ def _base_name(name: str) -> str:
     return name[len("base_model.model."):] if name.startswith("base_model.model.") else name
 
 
-def actor_buckets(items: list[SyncItem], zero3: bool, dtype: torch.dtype,
-                  bucket_bytes: int) -> Iterator[tuple[list[ParamSpec], torch.Tensor]]:
-    """Collective over the actor's world: yields (specs, flat tensor in ``dtype``) per bucket."""
+def actor_buckets(items: list[SyncItem], zero3: bool, dtype: torch.dtype, bucket_bytes: int,
+                  place: Callable[[int, int], torch.Tensor | None] = lambda k, numel: None,
+                  ) -> Iterator[tuple[list[ParamSpec], torch.Tensor]]:
+    """Collective over the actor's world: yields (specs, flat tensor in ``dtype``) per bucket; bucket k is
+    packed into ``place(k, numel)`` when that gives a tensor (a shared-memory slot), else into a new one."""
     specs = [it.spec for it in items]
     itemsize = torch.empty((), dtype=dtype).element_size()
-    for bucket in plan_buckets(specs, bucket_bytes, itemsize):
+    for k, bucket in enumerate(plan_buckets(specs, bucket_bytes, itemsize)):
         params = list({id(p): p for i in bucket for p in items[i].params}.values())
         with _gathered(params, zero3):
-            flat = torch.cat([items[i].value().detach().to(dtype).reshape(-1) for i in bucket])
+            parts = [items[i].value().detach().to(dtype).reshape(-1) for i in bucket]
+            out = place(k, sum(t.numel() for t in parts))
+            flat = torch.cat(parts) if out is None else torch.cat(parts, out=out)
         yield [specs[i] for i in bucket], flat
+
+
+def largest_bucket_bytes(items: list[SyncItem], dtype: torch.dtype, bucket_bytes: int) -> int:
+    """The bytes of the largest bucket ``actor_buckets`` packs (a parameter larger than a bucket is one)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    specs = [it.spec for it in items]
+    return max((sum(specs[i].numel for i in b) * itemsize for b in plan_buckets(specs, bucket_bytes, itemsize)),
+               default=0)
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+class SharedSlots:
+    """Two slots of one file under /dev/shm, mapped by every rank of the weights bridge: the leader packs
+    bucket k into slot k % 2 while the rollout ranks load bucket k - 1 from the other.  The leader creates
+    the file and removes its name once every rank has mapped it, so no file outlives the mappings."""
+
+    def __init__(self, path: Path, slot_bytes: int, create: bool):
+        self.slot_bytes = -(-slot_bytes // 4096) * 4096  # page-aligned slots: any dtype views them
+        if create:
+            with open(path, "wb") as f:
+                f.truncate(2 * self.slot_bytes)
+        self.buffer = torch.from_file(str(path), shared=True, size=2 * self.slot_bytes, dtype=torch.uint8)
+
+    def view(self, k: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        start = (k % 2) * self.slot_bytes
+        return self.buffer[start:start + numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
+
+
+@dataclass
+class Channel:
+    """What one rank of the weights bridge keeps between syncs: the shared slots every rank has mapped, and
+    whether to offer them again (not after a rank could not map them)."""
+    slots: SharedSlots | None = None
+    offer: bool = field(default_factory=lambda: SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK))
+
+
+def _host() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def _offer_slots(bridge: Bridge, channel: Channel, slot_bytes: int) -> None:
+    """Leader, collective with ``_accept_slots``: new slots when none are mapped or they are too small."""
+    offer = None
+    new = None
+    if channel.offer and (channel.slots is None or channel.slots.slot_bytes < slot_bytes):
+        path = SHM_DIR / f"hpc_rlhf-weights-{os.getpid()}-{uuid.uuid4().hex}"
+        try:
+            new = SharedSlots(path, slot_bytes, create=True)
+            offer = (_host(), str(path), new.slot_bytes)
+        except (OSError, RuntimeError):  # no room under /dev/shm: keep the broadcast
+            path.unlink(missing_ok=True)
+            channel.offer = False
+    bridge.broadcast_object(offer, 0)
+    if offer is None:
+        return
+    mapped = bridge.all_gather_object(True)
+    Path(offer[1]).unlink(missing_ok=True)
+    channel.slots, channel.offer = (new, True) if all(mapped) else (None, False)
+
+
+def _accept_slots(bridge: Bridge, channel: Channel) -> None:
+    offer = bridge.broadcast_object(None, 0)
+    if offer is None:
+        return
+    host, path, slot_bytes = offer
+    new = None
+    if host == _host():
+        try:
+            new = SharedSlots(Path(path), slot_bytes, create=False)
+        except (OSError, RuntimeError):
+            new = None
+    mapped = bridge.all_gather_object(new is not None)
+    channel.slots, channel.offer = (new, True) if all(mapped) else (None, False)
 
 
 def unpack(specs: list[ParamSpec], flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
@@ -144,42 +232,68 @@ class Sent:
 
 
 def send_weights(bridge: Bridge | None, buckets: Iterator[tuple[list[ParamSpec], torch.Tensor]],
-                 is_leader: bool, local_engine=None) -> Sent:
-    """Actor side: walk every bucket (all actor ranks), broadcast from the leader, and load into a
-    colocated engine when there is one."""
+                 is_leader: bool, local_engine=None, channel: Channel | None = None, slot_bytes: int = 0) -> Sent:
+    """Actor side: walk every bucket (all actor ranks), send each from the leader, and load it into a
+    colocated engine when there is one.  With a ``channel`` on a CPU bridge, the leader offers shared slots of
+    ``slot_bytes`` first (when it has none that large); ``buckets`` must then pack bucket k into
+    ``channel.slots.view(k, ...)`` while there are slots (``actor_buckets``' ``place``): it is read lazily,
+    after the offer."""
     count, wait = 0, 0.0
+    sending = is_leader and bridge is not None
+    slots = None
+    if sending:
+        t0 = time.perf_counter()
+        bridge.broadcast_object(None, 0)  # rendezvous on gloo before a GPU collective
+        wait = time.perf_counter() - t0
+        if channel is not None and bridge.device.type == "cpu":
+            _offer_slots(bridge, channel, slot_bytes)
+            slots = channel.slots
     if local_engine is not None:
         local_engine.begin_weight_update()
     for specs, flat in buckets:
-        count += 1
-        if is_leader and bridge is not None:
-            if count == 1:
-                t0 = time.perf_counter()
-                bridge.broadcast_object(None, 0)  # rendezvous on gloo before a GPU collective
-                wait = time.perf_counter() - t0
+        if sending:
             bridge.broadcast_object([(s.name, s.shape) for s in specs], 0)
-            bridge.broadcast(flat.to(bridge.device), 0)
+            if slots is None:
+                bridge.broadcast(flat.to(bridge.device), 0)
+            elif count:
+                bridge.barrier()  # the rollout ranks have loaded bucket count - 1: its slot takes the next one
         if local_engine is not None:
             local_engine.load_weights(unpack(specs, flat))
-    if is_leader and bridge is not None:
+        count += 1
+    if sending:
         bridge.broadcast_object("done", 0)
+        if slots is not None:
+            bridge.barrier()  # the last bucket is loaded: the next sync may write its slot
     if local_engine is not None:
         local_engine.finish_weight_update()
     return Sent(count, wait)
 
 
-def receive_weights(bridge: Bridge, engine, dtype: torch.dtype) -> int:
-    """Rollout side: receive buckets until the leader says done; load each into ``engine``."""
+def receive_weights(bridge: Bridge, engine, dtype: torch.dtype, channel: Channel | None = None) -> int:
+    """Rollout side: receive buckets until the leader says done; load each into ``engine``.  With a
+    ``channel``, first answer the leader's offer of shared slots (``send_weights``; CPU bridges only)."""
     assert bridge.broadcast_object(None, 0) is None
+    slots = None
+    if channel is not None and bridge.device.type == "cpu":
+        _accept_slots(bridge, channel)
+        slots = channel.slots
     engine.begin_weight_update()
     count = 0
     while True:
         meta = bridge.broadcast_object(None, 0)
         if meta == "done":
+            if slots is not None:
+                bridge.barrier()
             engine.finish_weight_update()
             return count
         specs = [ParamSpec(n, tuple(shape)) for n, shape in meta]
-        flat = torch.empty(sum(s.numel for s in specs), dtype=dtype, device=bridge.device)
-        bridge.broadcast(flat, 0)
+        numel = sum(s.numel for s in specs)
+        if slots is None:
+            flat = torch.empty(numel, dtype=dtype, device=bridge.device)
+            bridge.broadcast(flat, 0)
+        else:
+            if count:
+                bridge.barrier()
+            flat = slots.view(count, numel, dtype)
         engine.load_weights(unpack(specs, flat))
         count += 1

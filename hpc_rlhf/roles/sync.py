@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from ..distributed.weight_sync import actor_buckets, full_items, lora_items, receive_weights, send_weights, unpack
+from ..distributed.weight_sync import (Channel, actor_buckets, full_items, largest_bucket_bytes, lora_items,
+                                      receive_weights, send_weights, unpack)
 from ..distributed.worlds import RoleContext
 from ..engines.rollout import combine_checksums, tensor_part_checksum
 
@@ -26,6 +27,7 @@ class WeightSync:
         self.dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
         self.base_sent = False
         self.sent_parts: dict[str, float] = {}  # checksum of every tensor sent so far (check_weight_sync)
+        self.channel = Channel()  # the shared-memory slots of the weights bridge, once mapped (CPU, one host)
 
     def run(self) -> dict[str, float]:
         """Actor -> rollout, on every rank of either.  Returns the phase's time and, with check_weight_sync,
@@ -35,7 +37,7 @@ class WeightSync:
         if self.actor is not None:
             out = self._send()  # the leader: time/weight_sync_wait_s, its wait for the rollout ranks
         elif self.rollout is not None and self.ctx.plan.has("actor"):  # no actor: `hpc-rlhf eval`
-            receive_weights(self.ctx.weights, self.rollout.engine, self.dtype)
+            receive_weights(self.ctx.weights, self.rollout.engine, self.dtype, self.channel)
         if self.rollout is not None and self.check:
             out[f"sync/checksum_loaded/{self.ctx.role_rank('rollout')}"] = self.rollout.engine.state_checksum()
         out["time/weight_sync_s"] = time.time() - t0
@@ -54,8 +56,12 @@ class WeightSync:
                 if track:
                     self.sent_parts.update((n, tensor_part_checksum(t)) for n, t in unpack(specs, flat))
                 yield specs, flat
-        sent = send_weights(self.ctx.weights, tracked(actor_buckets(items, zero3, self.dtype, BUCKET_BYTES)),
-                            is_leader=leader, local_engine=self.rollout.engine if self.rollout is not None else None)
+        def place(k: int, numel: int) -> torch.Tensor | None:  # the leader packs into the shared slots
+            return self.channel.slots.view(k, numel, self.dtype) if leader and self.channel.slots else None
+        buckets = actor_buckets(items, zero3, self.dtype, BUCKET_BYTES, place)
+        sent = send_weights(self.ctx.weights, tracked(buckets), is_leader=leader,
+                            local_engine=self.rollout.engine if self.rollout is not None else None,
+                            channel=self.channel, slot_bytes=largest_bucket_bytes(items, self.dtype, BUCKET_BYTES))
         self.base_sent = True
         out = {"time/weight_sync_wait_s": sent.wait_s} if self.ctx.weights is not None and leader else {}
         if track:  # over every tensor the engines hold: the ones sent now and the frozen ones sent before

@@ -1,0 +1,95 @@
+"""The actor -> rollout weight transfer over a gloo bridge: broadcast buckets, or shared-memory slots when every
+rank of the bridge is on one host.  Whatever the path, each rollout rank loads exactly the leader's tensors."""
+import pytest
+import torch
+from _dist import run_ranks
+
+from hpc_rlhf.distributed.weight_sync import ParamSpec, SharedSlots, SyncItem, largest_bucket_bytes
+
+BUCKET = 16 << 10  # bytes: several buckets, and one parameter (30000 floats, 120 KB) larger than a bucket
+
+
+class _Engine:
+    def __init__(self):
+        self.loaded: dict[str, torch.Tensor] = {}
+        self.updates = 0
+
+    def begin_weight_update(self):
+        pass
+
+    def load_weights(self, named):
+        self.loaded.update((name, t.clone()) for name, t in named)  # the slot is rewritten after the load
+
+    def finish_weight_update(self):
+        self.updates += 1
+
+
+def _sync(use_channel: bool, other_host_rank: int | None):
+    import torch.distributed as dist
+
+    from hpc_rlhf.distributed import weight_sync as ws
+    from hpc_rlhf.distributed.collectives import Bridge
+    rank = dist.get_rank()
+    if rank == other_host_rank:
+        ws._host = lambda: "another-node"
+    bridge = Bridge("weights", [0, 1, 2], rank, dist.distributed_c10d._get_default_store(), 60)
+    channel = ws.Channel() if use_channel else None
+    torch.manual_seed(rank)  # each rank starts from other weights: only the leader's may arrive
+    module = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Linear(30, 1000))
+    items = ws.full_items(module)
+    engine, seen = _Engine(), []
+    for step in range(3):
+        with torch.no_grad():
+            for p in module.parameters():
+                p.mul_(-1.5).add_(step)  # new weights every sync
+        if rank == 0:
+            def place(k, numel):
+                return channel.slots.view(k, numel, torch.float32) if channel and channel.slots else None
+            sent = ws.send_weights(bridge, ws.actor_buckets(items, False, torch.float32, BUCKET, place), True,
+                                   channel=channel, slot_bytes=ws.largest_bucket_bytes(items, torch.float32, BUCKET))
+            seen.append(({n: p.detach().clone() for n, p in module.named_parameters()}, sent.buckets))
+        else:
+            count = ws.receive_weights(bridge, engine, torch.float32, channel)
+            seen.append((dict(engine.loaded), count))
+    shared = channel.slots is not None if channel else None
+    left = sorted(p.name for p in ws.SHM_DIR.glob("hpc_rlhf-weights-*"))
+    return seen, shared, left
+
+
+@pytest.mark.parametrize("use_channel, other_host_rank, shared", [
+    (False, None, None),  # the broadcast
+    (True, None, True),  # one host: shared slots
+    (True, 2, False),  # a rollout rank on another host: every rank keeps the broadcast
+])
+def test_every_rollout_rank_loads_the_leaders_tensors(use_channel, other_host_rank, shared):
+    ranks = run_ranks(_sync, 3, use_channel, other_host_rank)
+    leader = ranks[0][0]
+    assert all(r[1] is shared for r in ranks)
+    for seen, _, left in ranks[1:]:
+        for (want, buckets), (got, count) in zip(leader, seen):
+            assert count == buckets > 2
+            assert got.keys() == want.keys()
+            for name in want:
+                torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
+    assert not ranks[0][2]  # the file's name is gone once every rank mapped it
+
+
+def test_slots_are_page_aligned_and_alternate(tmp_path):
+    slots = SharedSlots(tmp_path / "s", 5000, create=True)
+    assert slots.slot_bytes == 8192 and slots.buffer.numel() == 16384
+    a, b = slots.view(0, 10, torch.float32), slots.view(1, 10, torch.bfloat16)
+    a.fill_(1.0)
+    b.fill_(2.0)
+    assert a.data_ptr() - slots.buffer.data_ptr() == 0 and b.data_ptr() - slots.buffer.data_ptr() == 8192
+    assert slots.view(2, 10, torch.float32).sum().item() == 10.0  # bucket 2 reuses slot 0
+    again = SharedSlots(tmp_path / "s", 5000, create=False)  # another mapping of the same file sees the writes
+    assert again.view(1, 10, torch.bfloat16).sum().item() == 20.0
+
+
+def test_largest_bucket_bytes():
+    def item(n):
+        return SyncItem(ParamSpec(f"p{n}", (n,)), (), lambda: None)
+    # buckets of at most 100 bytes in fp32: [10, 10] (80 B), [30] (120 B: larger than a bucket alone), [5]
+    assert largest_bucket_bytes([item(10), item(10), item(30), item(5)], torch.float32, 100) == 120
+    assert largest_bucket_bytes([item(10), item(10), item(5)], torch.bfloat16, 100) == 50
+    assert largest_bucket_bytes([], torch.float32, 100) == 0
