@@ -126,6 +126,11 @@ def test_memory_counts_by_hand():
     assert memory.generating(tied, "fp32", 3, 5, packed=True)["packed weights"] == 4000
     assert memory.generating(shape, "fp32", 3, 5, preallocated_kv=7) == {"weights": 4000,
                                                                           "kv cache (preallocated)": 7}
+    # the weight sync's two shared slots: each the bucket (here 100 B), or the model when smaller (1000 params
+    # * 2 B), or the embedding (10 x 8 x 4 B = 320 B) when larger than the bucket
+    assert memory.weight_slots(shape, "fp32", 100) == 2 * 320
+    assert memory.weight_slots(shape, "bf16", 200) == 2 * 200
+    assert memory.weight_slots(shape, "bf16", 10 ** 6) == 2 * 2000
     # a rank: lasting parts of all its roles + the largest phase of one role + the runtime; CPU parts left out
     actor = {"weights": 10, "optimizer (CPU)": 1000, "activations": 50, "logits": 20}
     rollout = {"weights": 10, "packed weights": 10, "kv cache": 60}
@@ -151,6 +156,26 @@ def test_plan_command_prints_placement_memory_and_script(tmp_path):
         assert f"\n  {role:<10}" in out.split("memory per rank")[1]
     assert "#!/bin/bash" in out and f"--output={tmp_path / 'logs'}/%j.out" in out
     assert not (tmp_path / "logs").exists()  # plan submits and creates nothing
+    assert "weight-sync slots" not in out  # a GPU job's weights go by NCCL broadcast
+
+
+def test_plan_counts_the_weight_sync_slots_between_cpu_components(tmp_path):
+    """Actor and rollout on CPU ranks of their own: both sides hold the two shared-memory slots; every role on
+    one rank: no weights bridge, no slots."""
+    from hpc_rlhf.config.rl import RLConfig
+    from hpc_rlhf.distributed.weight_sync import BUCKET_BYTES
+    from hpc_rlhf.launch.plan import role_memory
+    from hpc_rlhf.models.tiny import build_tiny_model
+    from hpc_rlhf.trainers.rl import plan_from_config
+    model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64)
+    args = [f"pretrain={model}", "prompt_data=p.jsonl", "reward_func=r.py", "param_dtype=fp32"]
+    shape = memory.model_shape(str(model))
+    slots = 2 * max(min(BUCKET_BYTES, shape.params * 4), shape.vocab * shape.hidden * 4)
+    split = load_config(RLConfig, None, args + ["async_train=true", "colocate_actor_reward=true"])
+    parts = role_memory(split, plan_from_config(split))
+    assert parts["actor"]["weight-sync slots"] == parts["rollout"]["weight-sync slots"] == slots
+    together = load_config(RLConfig, None, args + ["colocate_all=true"])
+    assert "weight-sync slots" not in role_memory(together, plan_from_config(together))["rollout"]
 
 
 @pytest.mark.parametrize("bad", ["slurm.stop_signals=TERM,KILL", "slurm.requeue_signals=USR2"])

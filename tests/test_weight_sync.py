@@ -65,7 +65,7 @@ def test_every_rollout_rank_loads_the_leaders_tensors(use_channel, other_host_ra
     ranks = run_ranks(_sync, 3, use_channel, other_host_rank)
     leader = ranks[0][0]
     assert all(r[1] is shared for r in ranks)
-    for seen, _, left in ranks[1:]:
+    for seen, _, _ in ranks[1:]:
         for (want, buckets), (got, count) in zip(leader, seen):
             assert count == buckets > 2
             assert got.keys() == want.keys()

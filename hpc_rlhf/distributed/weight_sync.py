@@ -26,6 +26,8 @@ import torch
 
 from .collectives import Bridge
 
+BUCKET_BYTES = 64 << 20  # the sync's bucket: one broadcast (or one shared slot) each
+
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -156,7 +158,8 @@ SHM_DIR = Path("/dev/shm")
 class SharedSlots:
     """Two slots of one file under /dev/shm, mapped by every rank of the weights bridge: the leader packs
     bucket k into slot k % 2 while the rollout ranks load bucket k - 1 from the other.  The leader creates
-    the file and removes its name once every rank has mapped it, so no file outlives the mappings."""
+    the file and removes its name once every rank has answered its offer (mapped or not), so a file is left
+    behind only if the leader dies in between."""
 
     def __init__(self, path: Path, slot_bytes: int, create: bool):
         self.slot_bytes = -(-slot_bytes // 4096) * 4096  # page-aligned slots: any dtype views them

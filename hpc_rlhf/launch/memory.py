@@ -21,6 +21,9 @@ width, i the MLP width, V the vocabulary; b = 2 for bf16 values, 4 for fp32):
 - rollout: weights, the lean decoder's packed copy of the linear weights (transformers engine, llama-family
   models), and the key/value cache of the rank's sequences at full length (vLLM: the cache it preallocates,
   `vllm_cpu_kv_cache_gib` on a CPU rank).
+- weight-sync slots: the two shared-memory slots a CPU weights bridge keeps between syncs (the actor's and
+  the rollout ranks' components, when they differ), each the largest bucket: the bucket size, or the
+  largest parameter (the embedding, V h b) when that is larger.  Shared pages, counted in each rank's RSS.
 - runtime: 0.5 GiB per rank: the process with Python, torch and the libraries on a CPU rank (0.36-0.45 GiB
   measured here), about the CUDA context on a GPU.
 The parts in TRANSIENT live only during one phase (a colocated rank generates, then trains), so a rank's
@@ -121,6 +124,12 @@ def generating(shape: ModelShape, param_dtype: str, sequences: int, seq_len: int
     else:
         out["kv cache"] = 2 * shape.layers * shape.kv_heads * shape.head_dim * b * sequences * seq_len
     return out
+
+
+def weight_slots(shape: ModelShape, param_dtype: str, bucket_bytes: int) -> int:
+    """The two shared-memory slots of a CPU weight sync: each the largest bucket (distributed/weight_sync.py)."""
+    b = _dtype_bytes(param_dtype)
+    return 2 * max(min(bucket_bytes, shape.params * b), shape.vocab * shape.hidden * b)
 
 
 def rank_total(role_parts: list[dict[str, int]]) -> int:

@@ -11,12 +11,10 @@ import time
 
 import torch
 
-from ..distributed.weight_sync import (Channel, actor_buckets, full_items, largest_bucket_bytes, lora_items,
-                                      receive_weights, send_weights, unpack)
+from ..distributed.weight_sync import (BUCKET_BYTES, Channel, actor_buckets, full_items, largest_bucket_bytes,
+                                      lora_items, receive_weights, send_weights, unpack)
 from ..distributed.worlds import RoleContext
 from ..engines.rollout import combine_checksums, tensor_part_checksum
-
-BUCKET_BYTES = 64 << 20
 
 
 class WeightSync:

@@ -1,0 +1,130 @@
+"""The weight sync between two local ranks, by transport, against this machine's copy bandwidth.
+
+Two spawned gloo processes with ``--threads`` torch threads each (1: the benchmark's async side gives each
+rank one core of two): rank 0 is the actor leader with the model's parameters, rank 1 a rollout rank with
+a transformers engine of the same model.  Each transport runs ``--reps`` timed syncs after one warm-up,
+through the same ``send_weights`` / ``receive_weights`` as `train rl` (64 MiB buckets):
+
+- ``broadcast``: every bucket packed, then broadcast over gloo (TCP on the loopback device);
+- ``shared``: every bucket packed into a shared-memory slot the rollout rank loads from
+  (``distributed/weight_sync.py: SharedSlots``); only the names and shapes go over gloo.
+
+Beside them, in the same processes: ``pack_s``, the leader packing every bucket with nothing sent, and
+``load_s``, the rollout rank loading a whole model's tensors into its engine: the two copies any transport
+makes.  ``copy_bytes_per_s`` is ``machine_limits.copy_bandwidth`` with 2 threads (the limit of the issue's
+target) and with one.  Prints one JSON line.
+
+    .venv/bin/python benchmarks/weight_sync.py        # SmolLM2-135M, fp32: about a minute
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+REAL = Path(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")).expanduser()  # scripts/real_assets.sh
+
+
+def _rank(rank: int, port: int, model: str, threads: int, reps: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from hpc_rlhf.distributed import weight_sync as ws
+    from hpc_rlhf.distributed.collectives import Bridge
+    from hpc_rlhf.engines.hf_engine import HFEngine
+    torch.set_num_threads(threads)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=300))
+    bridge = Bridge("weights", [0, 1], rank, store, 300)
+    dtype = torch.float32
+    if rank == 0:
+        items = ws.full_items(AutoModelForCausalLM.from_pretrained(model, dtype=dtype))
+        slot_bytes = ws.largest_bucket_bytes(items, dtype, ws.BUCKET_BYTES)
+    else:
+        engine = HFEngine(model, dtype="fp32")
+    result = {}
+    for transport in ("broadcast", "shared"):
+        channel = ws.Channel() if transport == "shared" else None
+        times = []
+        for _ in range(reps + 1):
+            bridge.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                def place(k, numel, channel=channel):
+                    return channel.slots.view(k, numel, dtype) if channel is not None and channel.slots else None
+                ws.send_weights(bridge, ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES, place), True,
+                                channel=channel, slot_bytes=slot_bytes)
+            else:
+                ws.receive_weights(bridge, engine, dtype, channel)
+            bridge.barrier()  # the leader's send ends before the last load: time until both are done
+            times.append(time.perf_counter() - t0)
+        result[transport] = times[1:]
+        if transport == "shared":
+            result["shared_mapped"] = channel.slots is not None
+    if rank == 0:
+        buckets = list(ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES))  # warm: the allocator
+        t0 = time.perf_counter()
+        buckets = list(ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES))
+        result["pack_s"] = time.perf_counter() - t0
+        result["bytes"] = sum(flat.numel() * flat.element_size() for _, flat in buckets)
+    else:
+        named = [(n, p.detach().clone()) for n, p in engine.model.named_parameters()]
+        engine.load_weights(named)
+        t0 = time.perf_counter()
+        engine.load_weights(named)
+        result["load_s"] = time.perf_counter() - t0
+    out.put((rank, result))
+    bridge.barrier()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(REAL / "smollm2-135m-instruct"))
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    ap.add_argument("--reps", type=int, default=5, help="timed syncs per transport (default 5)")
+    args = ap.parse_args()
+    import multiprocessing as mp
+    import socket
+
+    import machine_limits
+    import torch
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, port, args.model, args.threads, args.reps, q)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    results = dict(q.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=120)
+        if p.exitcode != 0:
+            raise SystemExit(f"weight_sync: rank {procs.index(p)} exited with {p.exitcode}")
+    copy = {}
+    for threads in (2, 1):
+        torch.set_num_threads(threads)
+        copy[threads] = machine_limits.copy_bandwidth()
+    leader, rollout = results[0], results[1]
+    nbytes = leader["bytes"]
+    out = {"benchmark": "weight_sync", "model": Path(args.model).name, "bytes": nbytes,
+           "threads_per_rank": args.threads, "reps": args.reps,
+           "copy_bytes_per_s": copy[2], "copy_bytes_per_s_1_thread": copy[1],
+           "pack_s": leader["pack_s"], "load_s": rollout["load_s"], "shared_mapped": leader["shared_mapped"]}
+    for transport in ("broadcast", "shared"):
+        med = statistics.median(leader[transport])
+        out[transport] = {"median_s": med, "best_s": min(leader[transport]), "bytes_per_s": nbytes / med,
+                          "fraction_of_copy": machine_limits.sync_fraction(nbytes, med, copy[2])}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
