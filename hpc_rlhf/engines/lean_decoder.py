@@ -101,6 +101,19 @@ def _make_pass(heads: int, kv_heads: int, head_dim: int, scale: float, eps: tupl
     return run
 
 
+def _compiled(run):
+    """``run`` through ``torch.compile`` with every size symbolic and no two sizes tied because they happened to
+    be equal when it was traced (a batch of 64 rows and a head dimension of 64 would be, and a batch of 60 then
+    compiles a second graph)."""
+    from torch.fx.experimental import _config as fx_config
+    compiled = torch.compile(run, dynamic=True)
+
+    def step(*args):
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(*args)
+    return step
+
+
 class LeanDecoder:
     def __init__(self, model: torch.nn.Module, compile_decode: bool = False):
         if not lean_supported(model):
@@ -116,7 +129,7 @@ class LeanDecoder:
         # One decode step (one new token per row) as one compiled graph: the element-wise operations of every
         # layer fused into a few C++ (or Triton) kernels.  Dynamic shapes, so the batch shrinking as rows finish
         # and the cache growing each step reuse the graph.
-        self._step = torch.compile(self._run, dynamic=True) if compile_decode else None
+        self._step = _compiled(self._run) if compile_decode else None
         self._packed_key: tuple | None = None
 
     def _norm_modules(self) -> list[torch.nn.Module]:
