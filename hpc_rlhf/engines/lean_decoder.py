@@ -16,8 +16,8 @@ its logits with the transformers forward.
 
 With ``compile_decode`` each decode step (one new token per row) runs as one ``torch.compile`` graph of the
 same function.  That removes most of the per-operation cost on a small model (a 3.3M-parameter Llama: about
-a tenth of an RL step on the 2-core CPU of docs/performance.md) and nothing on SmolLM2-135M, whose
-element-wise work is real work; the first generation pays the compiling (16 s to minutes on that CPU).
+a tenth of an RL step on the 2-core CPU of docs/performance.md) and 4% of a generation on SmolLM2-135M,
+whose element-wise work is real work; the first generation pays the compiling (16 s to 4 minutes there).
 """
 from __future__ import annotations
 
