@@ -113,15 +113,6 @@ def write_async_config(config: Path) -> Path:
     return out
 
 
-def write_compiled_config(config: Path) -> Path:
-    """The on-policy run with the lean decoder's decode step through torch.compile (rollout.compile_decode)."""
-    cfg = yaml.safe_load(config.read_text())
-    cfg["rollout"]["compile_decode"] = True
-    out = config.with_name("ours_compiled.yaml")
-    out.write_text(yaml.safe_dump(cfg))
-    return out
-
-
 def run_ours(config: Path) -> list[dict]:
     """One training run; its metrics rows.  The output folders are removed so the next round starts afresh."""
     cfg = yaml.safe_load(config.read_text())["ckpt"]
@@ -154,21 +145,17 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="runs of each side, the order rotating every round")
     ap.add_argument("--breakdown", action="store_true", help="print each round and hpc_rlhf's time per phase to stderr")
-    ap.add_argument("--compile-decode", action="store_true",
-                    help="a fourth side: hpc_rlhf on-policy with its decode step compiled (rollout.compile_decode; "
-                         "the compiling falls in the warm-up steps)")
     args = ap.parse_args()
     w = args.warmup
-    sides = ("trl", "hpc_rlhf", "hpc_rlhf_async") + (("hpc_rlhf_compiled",) if args.compile_decode else ())
+    sides = ("trl", "hpc_rlhf", "hpc_rlhf_async")
     means: dict[str, list[float]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = str(build_model(root))
         configs = {"hpc_rlhf": write_ours_config(model, args.steps, root)}
         configs["hpc_rlhf_async"] = write_async_config(configs["hpc_rlhf"])
-        configs["hpc_rlhf_compiled"] = write_compiled_config(configs["hpc_rlhf"])
         for r in range(args.rounds):
-            for side in sides[r % len(sides):] + sides[:r % len(sides)]:
+            for side in sides[r % 3:] + sides[:r % 3]:
                 if side == "trl":
                     times = run_trl_child(model, args.steps, root)
                 else:
@@ -183,11 +170,6 @@ def main() -> None:
                     print(f"round {r} {side} step times", [round(t, 3) for t in times], file=sys.stderr)
     med = {side: statistics.median(v) for side, v in means.items()}
     trl = means["trl"]
-    compiled = {}
-    if args.compile_decode:
-        compiled = {"hpc_rlhf_compiled_s_per_step": round(med["hpc_rlhf_compiled"], 4),
-                    "speedup_compiled": round(med["trl"] / med["hpc_rlhf_compiled"], 2),
-                    "speedup_compiled_per_round": [round(t / o, 2) for t, o in zip(trl, means["hpc_rlhf_compiled"])]}
     print(json.dumps({"benchmark": "grpo_vs_trl", "rounds": args.rounds, "steps_timed": args.steps - w - 1,
                       "group_size": 8, "max_new_tokens": 32, "trl_s_per_step": round(med["trl"], 4),
                       "hpc_rlhf_s_per_step": round(med["hpc_rlhf"], 4),
@@ -195,8 +177,7 @@ def main() -> None:
                       "speedup": round(med["trl"] / med["hpc_rlhf"], 2),
                       "speedup_async": round(med["trl"] / med["hpc_rlhf_async"], 2),
                       "speedup_per_round": [round(t / o, 2) for t, o in zip(trl, means["hpc_rlhf"])],
-                      "speedup_async_per_round": [round(t / o, 2) for t, o in zip(trl, means["hpc_rlhf_async"])],
-                      **compiled}))
+                      "speedup_async_per_round": [round(t / o, 2) for t, o in zip(trl, means["hpc_rlhf_async"])]}))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ the log-softmax of the chosen tokens), everything else.  One JSON line last on s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -40,7 +39,6 @@ def add_batch_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--compile-decode", action="store_true", help="the engine's decode step through torch.compile")
 
 
 def generation_batch(args):
@@ -57,7 +55,7 @@ def generation_batch(args):
     texts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
                                      tokenize=False) for r in rows]
     prompts = tok(texts, add_special_tokens=False)["input_ids"]
-    engine = HFEngine(args.model, max_batch_size=args.prompts * args.samples, compile_decode=args.compile_decode)
+    engine = HFEngine(args.model, max_batch_size=args.prompts * args.samples)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens,
                             stop_token_ids=sorted({tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}))
     flat = [p for p in prompts for _ in range(args.samples)]
@@ -85,11 +83,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
     tok, engine, flat, params, seeds = generation_batch(args)
-    compile_s = 0.0
-    if args.compile_decode:  # compile on 4 tokens of the same batch, so the timed runs below are compiled
-        t0 = time.perf_counter()
-        engine.generate(flat, dataclasses.replace(params, max_new_tokens=4), seeds)
-        compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = engine.generate(flat, params, seeds)
     plain_s = time.perf_counter() - t0
@@ -98,7 +91,7 @@ def main(argv=None) -> int:
         engine.generate(flat, params, seeds)
         profiled_s = time.perf_counter() - t0
     result = {"tokens": sum(len(c.token_ids) for c in out), "longest": max(len(c.token_ids) for c in out),
-              "compile_s": compile_s, "plain_s": plain_s, "profiled_s": profiled_s, **self_time(prof, GROUPS, 12)}
+              "plain_s": plain_s, "profiled_s": profiled_s, **self_time(prof, GROUPS, 12)}
     print(json.dumps(result))
     return 0
 

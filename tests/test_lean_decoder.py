@@ -83,41 +83,8 @@ def test_packed_weights_follow_in_place_changes(tmp_path):
     torch.testing.assert_close(logits()[0], want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.slow  # compiling takes 10-30 s
-def test_compiled_decode_step_samples_as_the_eager_one(tmp_path):
-    """rollout.compile_decode: the decode step through torch.compile gives the eager lean decoder's tokens and
-    log-probs, while rows finish and leave the batch (down to one row, which runs eager), for prompts of other
-    lengths and batches of other sizes, and after the weights change in place, all on the graph compiled
-    first (a batch of 8 rows, the head dimension's size too: such sizes must not be tied)."""
-    from hpc_rlhf.models.tiny import build_tiny_model
-    path = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                            max_position_embeddings=64, seed=4)
-    eager, compiled = HFEngine(path), HFEngine(path, compile_decode=True)
-    assert compiled._lean._step is not None and eager._lean._step is None
-    assert compiled._lean.head_dim == 8
-    params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=list(range(0, 260, 7)))
-    batches = [[[40, 41, 42]] * 6 + [[50]] * 2, [[60, 61, 62, 63, 64, 65], [70, 71]] * 3]
-
-    def same(prompts, seeds):
-        a, b = eager.generate(prompts, params, seeds), compiled.generate(prompts, params, seeds)
-        assert [c.token_ids for c in a] == [c.token_ids for c in b]
-        assert len({len(c.token_ids) for c in a}) > 1  # rows finished at different steps
-        for x, y in zip(a, b):
-            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
-    # compile on 2 decode steps of 8 rows, none finishing: the graph must then serve every batch below
-    compiled.generate(batches[0], SamplingParams(temperature=1.0, max_new_tokens=3), list(range(8)))
-    with torch.compiler.set_stance("fail_on_recompile"):
-        for step in range(3):
-            for prompts in batches:
-                same(prompts, list(range(10 * step, 10 * step + len(prompts))))
-            with torch.no_grad():  # a weight update in place reaches both
-                for engine in (eager, compiled):
-                    engine.model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
-
-
 def test_rollout_lean_decoder_switch(tmp_path):
-    """rollout.lean_decoder (default on) reaches the engine; false keeps the transformers forward; and
-    rollout.compile_decode (default off) compiles its decode step."""
+    """rollout.lean_decoder (default on) reaches the engine; false keeps the transformers forward."""
     from hpc_rlhf.config import load_config
     from hpc_rlhf.config.pipelines import GenerateConfig
     from hpc_rlhf.config.rl import RLConfig
@@ -128,9 +95,6 @@ def test_rollout_lean_decoder_switch(tmp_path):
     rl = [f"pretrain={path}", "prompt_data=p.jsonl", "reward_func=r.py", "param_dtype=fp32"]
     assert isinstance(rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean, LeanDecoder)
     assert rollout_engine(load_config(RLConfig, None, rl + ["rollout.lean_decoder=false"]), "cpu")._lean is None
-    assert rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean._step is None
-    assert rollout_engine(load_config(RLConfig, None, rl + ["rollout.compile_decode=true"]), "cpu")._lean._step \
-        is not None
     gen = load_config(GenerateConfig, None, [f"pretrain={path}", "prompt_data=p.jsonl", "output_path=o.jsonl",
                                              "lean_decoder=false"]).model
     assert make_engine(gen, gen.pretrain, "fp32", "cpu", 4)._lean is None

@@ -16,10 +16,6 @@ class EngineOptions:
                                           "lean forward, the CPU / small-model path, which keeps packed copies of "
                                           "the linear weights (one more copy of them); false: the transformers "
                                           "forward (other architectures always use it)")
-    compile_decode: bool = field(False, help="hf engine, lean decoder: run each decode step through torch.compile: "
-                                             "fewer operations per token, which pays on small models only "
-                                             "(docs/performance.md); the first generation compiles it (on CPU: "
-                                             "16-40 s for 4 layers, 3-4 minutes for 30)")
     vllm_max_model_len: int | None = field(None, ge=1, help="vllm: longest prompt + response (default: the model's)")
     vllm_cpu_kv_cache_gib: int = field(1, ge=1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
     vllm_gpu_memory_utilization: float = field(0.5, gt=0, le=1,

@@ -69,12 +69,11 @@ class HFEngine(RolloutEngine):
     (one draw of ``vocab`` uniforms per generated token), so its tokens depend only on its prompt,
     its seed and the weights.  Random streams differ between CPU and CUDA generators, so a sample is
     reproducible on the same kind of device.  Llama-family models decode through ``LeanDecoder``
-    (``lean=False`` keeps the transformers forward with its cache); ``compile_decode`` runs its decode step
-    through ``torch.compile``.
+    (``lean=False`` keeps the transformers forward with its cache).
     """
 
     def __init__(self, model_path_or_module, dtype="fp32", device="cpu", max_batch_size: int = 64,
-                 lean: bool = True, compile_decode: bool = False):
+                 lean: bool = True):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
@@ -91,7 +90,7 @@ class HFEngine(RolloutEngine):
             raise ValueError(f"{type(self.model).__name__}.forward takes no position_ids: left-padded "
                              "batches would shift the positions of short prompts")
         self._logits_to_keep = "logits_to_keep" in forward_args
-        self._lean = LeanDecoder(self.model, compile_decode) if lean and lean_supported(self.model) else None
+        self._lean = LeanDecoder(self.model) if lean and lean_supported(self.model) else None
         cfg = getattr(self.model, "config", None)
         self.max_positions = None
         for name in ("max_position_embeddings", "n_positions"):

@@ -13,11 +13,6 @@ on CPU a few-row product with an [in, out] matrix skips the repacking BLAS does 
 the linear weights and are rebuilt whenever a weight of the module changed (its storage or version
 counter), so loading new weights into the module takes effect at the next ``start``.  Tests compare
 its logits with the transformers forward.
-
-With ``compile_decode`` each decode step (one new token per row) runs as one ``torch.compile`` graph of the
-same function.  That removes most of the per-operation cost on a small model (a 3.3M-parameter Llama: about
-a tenth of an RL step on the 2-core CPU of docs/performance.md) and 4% of a generation on SmolLM2-135M,
-whose element-wise work is real work; the first generation pays the compiling (16 s to 4 minutes there).
 """
 from __future__ import annotations
 
@@ -49,12 +44,12 @@ def lean_supported(model: torch.nn.Module) -> bool:
             and hasattr(layer.mlp, "gate_proj") and hasattr(layer.self_attn, "q_proj"))
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     """The Llama RMS norm: normalise in float32, cast back, then scale."""
     if x.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     var = x.float().pow(2).mean(-1, keepdim=True)
-    return weight * (x.float() * torch.rsqrt(var + eps)).to(x.dtype)
+    return norm.weight * (x.float() * torch.rsqrt(var + norm.variance_epsilon)).to(x.dtype)
 
 
 def _fused(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -71,71 +66,17 @@ def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -
     return y if bias is None else y + bias
 
 
-def _make_pass(heads: int, kv_heads: int, head_dim: int, scale: float, eps: tuple[float, ...]):
-    """The decoder layers and the output head as a function of explicit tensors, its shape constants fixed, so
-    the eager forward and the compiled decode step run the same code (``torch.compile`` specialises on them).
-
-    ``run(h, positions, mask, start, cos_t, sin_t, layers, norms, head, keys, values)``: ``h`` [B, T, hidden]
-    embeddings, written into the caches at ``start``..``start + T``; returns the last position's logits."""
-    split = (heads + kv_heads) * head_dim  # queries and keys | values
-    gqa = kv_heads != heads
-
-    def run(h, positions, mask, start: int, cos_t, sin_t, layers, norms, head, keys, values):
-        B, T = h.shape[0], h.shape[1]
-        end = start + T
-        cos, sin = cos_t[positions][:, :, None], sin_t[positions][:, :, None]  # [B, T, 1, D]
-        for i, (qkv_w, o_w, gate_up_w, down_w) in enumerate(layers):
-            x = _rms(h, norms[2 * i], eps[2 * i])
-            qkv = _matmul(x, qkv_w)
-            qk = qkv[..., :split].view(B, T, heads + kv_heads, head_dim)
-            qk = qk * cos + qk.roll(head_dim // 2, dims=-1) * sin
-            keys[i][:, :, start:end] = qk[:, :, heads:].transpose(1, 2)
-            values[i][:, :, start:end] = qkv[..., split:].view(B, T, kv_heads, head_dim).transpose(1, 2)
-            o = F.scaled_dot_product_attention(qk[:, :, :heads].transpose(1, 2), keys[i][:, :, :end],
-                                               values[i][:, :, :end], attn_mask=mask, scale=scale, enable_gqa=gqa)
-            h = h + _matmul(o.transpose(1, 2).reshape(B, T, -1), o_w)
-            x = _rms(h, norms[2 * i + 1], eps[2 * i + 1])
-            gate, up = _matmul(x, gate_up_w).chunk(2, dim=-1)
-            h = h + _matmul(F.silu(gate) * up, down_w)
-        return _matmul(_rms(h[:, -1], norms[-1], eps[-1]), head)
-    return run
-
-
-def _compiled(run):
-    """``run`` through ``torch.compile`` with every size symbolic and no two sizes tied because they happened to
-    be equal when it was traced (a batch of 64 rows and a head dimension of 64 would be, and a batch of 60 then
-    compiles a second graph)."""
-    from torch.fx.experimental import _config as fx_config
-    compiled = torch.compile(run, dynamic=True)
-
-    def step(*args):
-        with fx_config.patch(use_duck_shape=False):
-            return compiled(*args)
-    return step
-
-
 class LeanDecoder:
-    def __init__(self, model: torch.nn.Module, compile_decode: bool = False):
+    def __init__(self, model: torch.nn.Module):
         if not lean_supported(model):
             raise ValueError(f"the lean decoder does not support {type(model).__name__}")
         cfg = model.config
         self.model, self.body = model, model.model
-        heads = cfg.num_attention_heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        self.kv_heads, self.head_dim = kv_heads, head_dim
-        eps = tuple(float(n.variance_epsilon) for n in self._norm_modules())
-        self._run = _make_pass(heads, kv_heads, head_dim, head_dim ** -0.5, eps)
-        # One decode step (one new token per row) as one compiled graph: the element-wise operations of every
-        # layer fused into a few C++ (or Triton) kernels.  Dynamic shapes, so the batch shrinking as rows finish
-        # and the cache growing each step reuse the graph.
-        self._step = _compiled(self._run) if compile_decode else None
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.scale = self.head_dim ** -0.5
         self._packed_key: tuple | None = None
-
-    def _norm_modules(self) -> list[torch.nn.Module]:
-        """Each layer's input and post-attention RMS norms, then the final norm."""
-        return [n for layer in self.body.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)] \
-            + [self.body.norm]
 
     def _pack(self) -> None:
         """(Re)build the packed weights if any weight of the module changed since they were made."""
@@ -149,7 +90,6 @@ class LeanDecoder:
                 self.layers.append((_fused([attn.q_proj, attn.k_proj, attn.v_proj]), _fused([attn.o_proj]),
                                     _fused([mlp.gate_proj, mlp.up_proj]), _fused([mlp.down_proj])))
             self.head = _fused([self.model.lm_head])
-            self.norms = [n.weight for n in self._norm_modules()]
         self._packed_key = key
 
     def start(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -190,12 +130,28 @@ class LeanDecoder:
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` [B, T] (``valid`` False on padding) and return the last position's logits [B, V]."""
-        T = ids.shape[1]
+        B, T = ids.shape
         start, end = self.length, self.length + T
         self.key_valid[:, start:end] = valid
-        # one row runs eager: a compiled graph specialises on a size of 1, so it would compile a second graph
-        run = self._step if T == 1 and ids.shape[0] > 1 and self._step is not None else self._run
-        logits = run(self.body.embed_tokens(ids), positions, self._mask(T, start, end, ids.device), start,
-                     self.cos, self.signed_sin, self.layers, self.norms, self.head, self.keys, self.values)
+        mask = self._mask(T, start, end, ids.device)
+        nq, nkv, D = self.heads, self.kv_heads, self.head_dim
+        cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, T, 1, D]
+        h = self.body.embed_tokens(ids)
+        split = (nq + nkv) * D  # queries and keys | values
+        for i, layer in enumerate(self.body.layers):
+            qkv_w, o_w, gate_up_w, down_w = self.layers[i]
+            x = _rms(h, layer.input_layernorm)
+            qkv = _matmul(x, qkv_w)
+            qk = qkv[..., :split].view(B, T, nq + nkv, D)
+            qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
+            self.keys[i][:, :, start:end] = qk[:, :, nq:].transpose(1, 2)
+            self.values[i][:, :, start:end] = qkv[..., split:].view(B, T, nkv, D).transpose(1, 2)
+            o = F.scaled_dot_product_attention(qk[:, :, :nq].transpose(1, 2), self.keys[i][:, :, :end],
+                                               self.values[i][:, :, :end], attn_mask=mask, scale=self.scale,
+                                               enable_gqa=nkv != nq)
+            h = h + _matmul(o.transpose(1, 2).reshape(B, T, -1), o_w)
+            x = _rms(h, layer.post_attention_layernorm)
+            gate, up = _matmul(x, gate_up_w).chunk(2, dim=-1)
+            h = h + _matmul(F.silu(gate) * up, down_w)
         self.length = end
-        return logits
+        return _matmul(_rms(h[:, -1], self.body.norm), self.head)
