@@ -58,9 +58,7 @@ def _rank(rank: int, port: int, model: str, threads: int, reps: int, out) -> Non
             bridge.barrier()
             t0 = time.perf_counter()
             if rank == 0:
-                def place(k, numel, channel=channel):
-                    return channel.slots.view(k, numel, dtype) if channel is not None and channel.slots else None
-                ws.send_weights(bridge, ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES, place), True,
+                ws.send_weights(bridge, ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES, channel), True,
                                 channel=channel, slot_bytes=slot_bytes)
             else:
                 ws.receive_weights(bridge, engine, dtype, channel)

@@ -12,7 +12,6 @@ BUCKET = 16 << 10  # bytes: several buckets, and one parameter (30000 floats, 12
 class _Engine:
     def __init__(self):
         self.loaded: dict[str, torch.Tensor] = {}
-        self.updates = 0
 
     def begin_weight_update(self):
         pass
@@ -21,7 +20,7 @@ class _Engine:
         self.loaded.update((name, t.clone()) for name, t in named)  # the slot is rewritten after the load
 
     def finish_weight_update(self):
-        self.updates += 1
+        pass
 
 
 def _sync(use_channel: bool, other_host_rank: int | None):
@@ -43,9 +42,7 @@ def _sync(use_channel: bool, other_host_rank: int | None):
             for p in module.parameters():
                 p.mul_(-1.5).add_(step)  # new weights every sync
         if rank == 0:
-            def place(k, numel):
-                return channel.slots.view(k, numel, torch.float32) if channel and channel.slots else None
-            sent = ws.send_weights(bridge, ws.actor_buckets(items, False, torch.float32, BUCKET, place), True,
+            sent = ws.send_weights(bridge, ws.actor_buckets(items, False, torch.float32, BUCKET, channel), True,
                                    channel=channel, slot_bytes=ws.largest_bucket_bytes(items, torch.float32, BUCKET))
             seen.append(({n: p.detach().clone() for n, p in module.named_parameters()}, sent.buckets))
         else:

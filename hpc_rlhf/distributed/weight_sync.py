@@ -129,27 +129,27 @@ def _base_name(name: str) -> str:
 
 
 def actor_buckets(items: list[SyncItem], zero3: bool, dtype: torch.dtype, bucket_bytes: int,
-                  place: Callable[[int, int], torch.Tensor | None] = lambda k, numel: None,
-                  ) -> Iterator[tuple[list[ParamSpec], torch.Tensor]]:
+                  channel: Channel | None = None) -> Iterator[tuple[list[ParamSpec], torch.Tensor]]:
     """Collective over the actor's world: yields (specs, flat tensor in ``dtype``) per bucket; bucket k is
-    packed into ``place(k, numel)`` when that gives a tensor (a shared-memory slot), else into a new one."""
+    packed into ``channel``'s shared slot k % 2 while the channel has slots (the leader's, read lazily: after
+    ``send_weights`` has offered them), else into a new tensor."""
     specs = [it.spec for it in items]
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    for k, bucket in enumerate(plan_buckets(specs, bucket_bytes, itemsize)):
+    for k, bucket in enumerate(plan_buckets(specs, bucket_bytes, dtype.itemsize)):
         params = list({id(p): p for i in bucket for p in items[i].params}.values())
         with _gathered(params, zero3):
             parts = [items[i].value().detach().to(dtype).reshape(-1) for i in bucket]
-            out = place(k, sum(t.numel() for t in parts))
-            flat = torch.cat(parts) if out is None else torch.cat(parts, out=out)
+            if channel is not None and channel.slots is not None:
+                flat = torch.cat(parts, out=channel.slots.view(k, sum(t.numel() for t in parts), dtype))
+            else:
+                flat = torch.cat(parts)
         yield [specs[i] for i in bucket], flat
 
 
 def largest_bucket_bytes(items: list[SyncItem], dtype: torch.dtype, bucket_bytes: int) -> int:
     """The bytes of the largest bucket ``actor_buckets`` packs (a parameter larger than a bucket is one)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
     specs = [it.spec for it in items]
-    return max((sum(specs[i].numel for i in b) * itemsize for b in plan_buckets(specs, bucket_bytes, itemsize)),
-               default=0)
+    return max((sum(specs[i].numel for i in b) * dtype.itemsize
+                for b in plan_buckets(specs, bucket_bytes, dtype.itemsize)), default=0)
 
 
 SHM_DIR = Path("/dev/shm")
@@ -170,7 +170,7 @@ class SharedSlots:
 
     def view(self, k: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         start = (k % 2) * self.slot_bytes
-        return self.buffer[start:start + numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
+        return self.buffer[start:start + numel * dtype.itemsize].view(dtype)
 
 
 @dataclass
@@ -238,9 +238,8 @@ def send_weights(bridge: Bridge | None, buckets: Iterator[tuple[list[ParamSpec],
                  is_leader: bool, local_engine=None, channel: Channel | None = None, slot_bytes: int = 0) -> Sent:
     """Actor side: walk every bucket (all actor ranks), send each from the leader, and load it into a
     colocated engine when there is one.  With a ``channel`` on a CPU bridge, the leader offers shared slots of
-    ``slot_bytes`` first (when it has none that large); ``buckets`` must then pack bucket k into
-    ``channel.slots.view(k, ...)`` while there are slots (``actor_buckets``' ``place``): it is read lazily,
-    after the offer."""
+    ``slot_bytes`` first (when it has none that large); ``buckets`` must then be ``actor_buckets`` of the same
+    channel, which packs into the slots."""
     count, wait = 0, 0.0
     sending = is_leader and bridge is not None
     slots = None

@@ -57,13 +57,13 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
     if plan.has("rollout"):
         r = cfg.rollout
         per_rank = -(-r.rollout_batch_size * r.n_samples_per_prompt // len(plan.ranks_of("rollout")))
-        on_cpu = not next(c for c in components(cfg, plan) if "rollout" in c.placement.roles).resources.gpus_per_task
+        comps = components(cfg, plan)
+        on_cpu = not next(c for c in comps if "rollout" in c.placement.roles).resources.gpus_per_task
         out["rollout"] = memory.generating(
             actor, m.param_dtype, min(per_rank, r.max_batch_size), seq,
             packed=r.engine == "hf" and r.lean_decoder and actor.model_type in LEAN_SUPPORTED,
             preallocated_kv=r.vllm_cpu_kv_cache_gib * 2 ** 30 if r.engine == "vllm" and on_cpu else None)
         # a weights bridge between CPU components keeps two shared-memory slots on both sides
-        comps = components(cfg, plan)
         actor_comp = next((c for c in comps if "actor" in c.placement.roles), None)
         if actor_comp is not None and "rollout" not in actor_comp.placement.roles \
                 and not any(c.resources.gpus_per_task for c in comps):

@@ -54,9 +54,8 @@ class WeightSync:
                 if track:
                     self.sent_parts.update((n, tensor_part_checksum(t)) for n, t in unpack(specs, flat))
                 yield specs, flat
-        def place(k: int, numel: int) -> torch.Tensor | None:  # the leader packs into the shared slots
-            return self.channel.slots.view(k, numel, self.dtype) if leader and self.channel.slots else None
-        buckets = actor_buckets(items, zero3, self.dtype, BUCKET_BYTES, place)
+        # the leader packs into the shared slots, when the rollout ranks have mapped them
+        buckets = actor_buckets(items, zero3, self.dtype, BUCKET_BYTES, self.channel if leader else None)
         sent = send_weights(self.ctx.weights, tracked(buckets), is_leader=leader,
                             local_engine=self.rollout.engine if self.rollout is not None else None,
                             channel=self.channel, slot_bytes=largest_bucket_bytes(items, self.dtype, BUCKET_BYTES))
