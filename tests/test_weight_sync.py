@@ -23,7 +23,7 @@ class _Engine:
         pass
 
 
-def _sync(use_channel: bool, other_host_rank: int | None):
+def _sync(use_channel: bool, other_host_rank: int | None, dtype: torch.dtype):
     import torch.distributed as dist
 
     from hpc_rlhf.distributed import weight_sync as ws
@@ -42,24 +42,26 @@ def _sync(use_channel: bool, other_host_rank: int | None):
             for p in module.parameters():
                 p.mul_(-1.5).add_(step)  # new weights every sync
         if rank == 0:
-            sent = ws.send_weights(bridge, ws.actor_buckets(items, False, torch.float32, BUCKET, channel), True,
-                                   channel=channel, slot_bytes=ws.largest_bucket_bytes(items, torch.float32, BUCKET))
-            seen.append(({n: p.detach().clone() for n, p in module.named_parameters()}, sent.buckets))
+            sent = ws.send_weights(bridge, ws.actor_buckets(items, False, dtype, BUCKET, channel), True,
+                                   channel=channel, slot_bytes=ws.largest_bucket_bytes(items, dtype, BUCKET))
+            seen.append(({n: p.detach().to(dtype, copy=True) for n, p in module.named_parameters()}, sent.buckets))
         else:
-            count = ws.receive_weights(bridge, engine, torch.float32, channel)
+            count = ws.receive_weights(bridge, engine, dtype, channel)
             seen.append((dict(engine.loaded), count))
     shared = channel.slots is not None if channel else None
     left = sorted(p.name for p in ws.SHM_DIR.glob("hpc_rlhf-weights-*"))
     return seen, shared, left
 
 
-@pytest.mark.parametrize("use_channel, other_host_rank, shared", [
-    (False, None, None),  # the broadcast
-    (True, None, True),  # one host: shared slots
-    (True, 2, False),  # a rollout rank on another host: every rank keeps the broadcast
+@pytest.mark.parametrize("use_channel, other_host_rank, shared, dtype", [
+    (False, None, None, torch.float32),  # the broadcast
+    (True, None, True, torch.float32),  # one host: shared slots
+    (True, None, True, torch.bfloat16),  # the slots cast the fp32 actor's weights to the rollout dtype
+    (False, None, None, torch.bfloat16),
+    (True, 2, False, torch.float32),  # a rollout rank on another host: every rank keeps the broadcast
 ])
-def test_every_rollout_rank_loads_the_leaders_tensors(use_channel, other_host_rank, shared):
-    ranks = run_ranks(_sync, 3, use_channel, other_host_rank)
+def test_every_rollout_rank_loads_the_leaders_tensors(use_channel, other_host_rank, shared, dtype):
+    ranks = run_ranks(_sync, 3, use_channel, other_host_rank, dtype)
     leader = ranks[0][0]
     assert all(r[1] is shared for r in ranks)
     for seen, _, _ in ranks[1:]:

@@ -137,11 +137,15 @@ def actor_buckets(items: list[SyncItem], zero3: bool, dtype: torch.dtype, bucket
     for k, bucket in enumerate(plan_buckets(specs, bucket_bytes, dtype.itemsize)):
         params = list({id(p): p for i in bucket for p in items[i].params}.values())
         with _gathered(params, zero3):
-            parts = [items[i].value().detach().to(dtype).reshape(-1) for i in bucket]
+            parts = [items[i].value().detach().reshape(-1) for i in bucket]
             if channel is not None and channel.slots is not None:
-                flat = torch.cat(parts, out=channel.slots.view(k, sum(t.numel() for t in parts), dtype))
+                # copy_ casts and crosses devices in one copy: a CUDA actor's parameters land in the host slot
+                flat, offset = channel.slots.view(k, sum(t.numel() for t in parts), dtype), 0
+                for t in parts:
+                    flat[offset:offset + t.numel()].copy_(t)
+                    offset += t.numel()
             else:
-                flat = torch.cat(parts)
+                flat = torch.cat([t.to(dtype) for t in parts])
         yield [specs[i] for i in bucket], flat
 
 
