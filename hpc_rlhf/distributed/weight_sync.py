@@ -14,6 +14,7 @@ keeps the broadcast.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -25,6 +26,8 @@ from typing import Callable, Iterator
 import torch
 
 from .collectives import Bridge
+
+log = logging.getLogger(__name__)
 
 BUCKET_BYTES = 64 << 20  # the sync's bucket: one broadcast (or one shared slot) each
 
@@ -198,15 +201,22 @@ def _offer_slots(bridge: Bridge, channel: Channel, slot_bytes: int) -> None:
         try:
             new = SharedSlots(path, slot_bytes, create=True)
             offer = (_host(), str(path), new.slot_bytes)
-        except (OSError, RuntimeError):  # no room under /dev/shm: keep the broadcast
+        except (OSError, RuntimeError) as e:  # no room under /dev/shm: keep the broadcast
             path.unlink(missing_ok=True)
             channel.offer = False
+            log.info("weight sync: gloo broadcast (no shared slots of %d bytes under %s: %s)", slot_bytes, SHM_DIR, e)
     bridge.broadcast_object(offer, 0)
     if offer is None:
         return
     mapped = bridge.all_gather_object(True)
     Path(offer[1]).unlink(missing_ok=True)
     channel.slots, channel.offer = (new, True) if all(mapped) else (None, False)
+    if channel.slots is not None:
+        log.info("weight sync: through two shared-memory slots of %.1f MiB under %s", new.slot_bytes / 2 ** 20,
+                 SHM_DIR)
+    else:
+        log.info("weight sync: gloo broadcast (rollout ranks %s could not map the shared slots: another host?)",
+                 [i for i, ok in enumerate(mapped) if not ok])
 
 
 def _accept_slots(bridge: Bridge, channel: Channel) -> None:
