@@ -415,7 +415,9 @@ def ours_round(python: str, config: Path, log: Path, samples_per_step: int,
     peaks = run_child([python, "-m", "hpc_rlhf.cli", "train", "rl", "--config", str(config)], log,
                       env=child_env(device))
     ckpt = yaml.safe_load(config.read_text())["ckpt"]
-    rows = [json.loads(x) for x in (Path(ckpt["save_path"]) / "metrics.jsonl").read_text().splitlines()]
+    metrics = Path(ckpt["save_path"]) / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    shutil.copy(metrics, log.with_suffix(".metrics.jsonl"))  # beside the run's log (--keep keeps both)
     shutil.rmtree(ckpt["save_path"])
     shutil.rmtree(ckpt["ckpt_path"], ignore_errors=True)  # else the next round would resume from it
     records = []
@@ -598,7 +600,9 @@ def parse_args(argv=None):
     ap.add_argument("--plot", help="write a stacked bar plot of step time by phase per side to this PNG")
     ap.add_argument("--replot", metavar="JSON", help="only plot (--plot) the JSON line of an earlier run from this "
                                                      "file (its last line)")
-    ap.add_argument("--keep", help="keep configs and child logs in this folder (default: a removed temp folder)")
+    ap.add_argument("--keep", help="keep configs, child logs, hpc_rlhf's metrics.jsonl and rounds.jsonl (each "
+                                   "round's summary and step records, written as it ends) in this folder "
+                                   "(default: a removed temp folder)")
     args = ap.parse_args(argv)
     sides = [s for s in args.sides.split(",") if s]
     bad = [s for s in sides if s not in SIDES]
@@ -694,6 +698,9 @@ def main(argv=None) -> None:
                     records, peak = ours_round(args.vllm_python if uses_vllm else sys.executable, configs[s],
                                                root / f"{s}_round{r}.log", batch, args.device)
                 summary = round_summary(records, args.warmup, s in ASYNC_SIDES, batch * prompt_mean)
+                with open(root / "rounds.jsonl", "a") as f:  # every round as it ends: a cut-off run keeps them
+                    f.write(json.dumps({"side": s, "round": r, "summary": summary, "records": records,
+                                        "peak_rss_bytes": peak}) + "\n")
                 rounds[s].append(summary)
                 peaks[s].append(peak)
                 log(f"  {s}: {summary['s_per_step']:.2f} s/step, {summary['generated_tokens_per_step']:.0f} tokens "
