@@ -5,7 +5,14 @@ One batch of ``--prompts`` ASDiv prompts × ``--samples`` samples (the model's c
 self time is grouped: matrix products, attention, sampling (the uniform draws, the Gumbel transform, argmax,
 the log-softmax of the chosen tokens), everything else.  One JSON line last on stdout.
 
+``--device cuda`` runs it on the GPU (the profile then also records the GPU: kernels launched and their time
+per generated token); ``--dtype bf16`` in bf16; ``--random-init`` with random weights of the model's shape (for
+a machine its weights cannot reach; every row then runs to ``--max-new-tokens``); ``--compare-hf`` also times
+transformers' ``generate`` (sampling at temperature 1, the same rows, as many new tokens as the engine's longest
+row) on the same model, so that the two are compared per decode step on the same device.
+
     .venv/bin/python benchmarks/profile_generation.py     # SmolLM2-135M, 8 x 8 x 256: about 1.5 minutes
+    python benchmarks/profile_generation.py --device cuda --dtype bf16 --random-init --compare-hf
 """
 from __future__ import annotations
 
@@ -39,6 +46,9 @@ def add_batch_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--random-init", action="store_true", help="random weights of --model's shape (seeded)")
 
 
 def generation_batch(args):
@@ -55,7 +65,13 @@ def generation_batch(args):
     texts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
                                      tokenize=False) for r in rows]
     prompts = tok(texts, add_special_tokens=False)["input_ids"]
-    engine = HFEngine(args.model, max_batch_size=args.prompts * args.samples)
+    model = args.model
+    if getattr(args, "random_init", False):
+        from transformers import AutoConfig, AutoModelForCausalLM
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model), dtype=torch.float32)
+    engine = HFEngine(model, dtype=getattr(args, "dtype", "fp32"), device=getattr(args, "device", "cpu"),
+                      max_batch_size=args.prompts * args.samples)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens,
                             stop_token_ids=sorted({tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}))
     flat = [p for p in prompts for _ in range(args.samples)]
@@ -77,21 +93,67 @@ def self_time(prof, groups: dict[str, tuple[str, ...]], top_n: int) -> dict:
             "top": [{"op": k, "self_s": s, "calls": n} for s, k, n in top]}
 
 
+def device_time(prof, steps: int) -> dict:
+    """GPU kernels of a CUDA profile: how many were launched and their summed time, per decode step."""
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    busy = sum(e.device_time_total for e in kernels) / 1e6
+    return {"kernels_per_step": len(kernels) / steps, "gpu_busy_s": busy, "gpu_busy_s_per_step": busy / steps}
+
+
+def timed(fn, sync) -> tuple[object, float]:
+    sync()
+    t0 = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t0
+
+
+def hf_generate(engine, flat: list[list[int]], new_tokens: int):
+    """transformers' generate on the engine's model: the same rows (left-padded), sampling at temperature 1,
+    exactly ``new_tokens`` new tokens."""
+    import torch
+    width = max(len(p) for p in flat)
+    ids = torch.tensor([[engine.pad_token_id] * (width - len(p)) + p for p in flat], device=engine.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in flat], device=engine.device)
+
+    def run():
+        with torch.no_grad():
+            return engine.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
+                                         top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                         pad_token_id=engine.pad_token_id)
+    return run
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_batch_args(ap)
+    ap.add_argument("--compare-hf", action="store_true", help="also time transformers' generate (see above)")
     args = ap.parse_args(argv)
+    import torch
     from torch.profiler import ProfilerActivity, profile
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     tok, engine, flat, params, seeds = generation_batch(args)
-    t0 = time.perf_counter()
-    out = engine.generate(flat, params, seeds)
-    plain_s = time.perf_counter() - t0
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        engine.generate(flat, params, seeds)
-        profiled_s = time.perf_counter() - t0
-    result = {"tokens": sum(len(c.token_ids) for c in out), "longest": max(len(c.token_ids) for c in out),
-              "plain_s": plain_s, "profiled_s": profiled_s, **self_time(prof, GROUPS, 12)}
+    out, plain_s = timed(lambda: engine.generate(flat, params, seeds), sync)
+    longest = max(len(c.token_ids) for c in out)
+    with profile(activities=activities) as prof:
+        _, profiled_s = timed(lambda: engine.generate(flat, params, seeds), sync)
+    result = {"device": args.device, "dtype": args.dtype, "random_init": args.random_init,
+              "tokens": sum(len(c.token_ids) for c in out), "longest": longest,
+              "plain_s": plain_s, "plain_s_per_step": plain_s / longest, "profiled_s": profiled_s,
+              **self_time(prof, GROUPS, 12), **(device_time(prof, longest) if cuda else {})}
+    if args.compare_hf:
+        run = hf_generate(engine, flat, longest)
+        engine.model.eval()
+        timed(run, sync)  # warm-up: its first call sets up what later calls reuse
+        _, hf_s = timed(run, sync)
+        with profile(activities=activities) as hf_prof:
+            _, hf_profiled_s = timed(run, sync)
+        result["hf_generate"] = {"plain_s": hf_s, "plain_s_per_step": hf_s / longest, "profiled_s": hf_profiled_s,
+                                 **self_time(hf_prof, GROUPS, 12), **(device_time(hf_prof, longest) if cuda else {})}
     print(json.dumps(result))
     return 0
 
