@@ -97,7 +97,13 @@ def device_time(prof, steps: int) -> dict:
     """GPU kernels of a CUDA profile: how many were launched and their summed time, per decode step."""
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     busy = sum(e.device_time_total for e in kernels) / 1e6
-    return {"kernels_per_step": len(kernels) / steps, "gpu_busy_s": busy, "gpu_busy_s_per_step": busy / steps}
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        by_name[e.name][0] += e.device_time_total / 1e6
+        by_name[e.name][1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]
+    return {"kernels_per_step": len(kernels) / steps, "gpu_busy_s": busy, "gpu_busy_s_per_step": busy / steps,
+            "top_kernels": [{"kernel": k[:120], "gpu_s": v[0], "calls": v[1]} for k, v in top]}
 
 
 def timed(fn, sync) -> tuple[object, float]:
