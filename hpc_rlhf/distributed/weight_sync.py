@@ -215,8 +215,8 @@ def _offer_slots(bridge: Bridge, channel: Channel, slot_bytes: int) -> None:
         log.info("weight sync: through two shared-memory slots of %.1f MiB under %s", new.slot_bytes / 2 ** 20,
                  SHM_DIR)
     else:
-        log.info("weight sync: gloo broadcast (rollout ranks %s could not map the shared slots: another host?)",
-                 [i for i, ok in enumerate(mapped) if not ok])
+        log.info("weight sync: gloo broadcast (members %s of the weights bridge, 0 the actor leader, could not map "
+                 "the shared slots: another host?)", [i for i, ok in enumerate(mapped) if not ok])
 
 
 def _accept_slots(bridge: Bridge, channel: Channel) -> None:
