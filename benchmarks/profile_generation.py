@@ -46,14 +46,12 @@ def add_batch_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    ap.add_argument("--random-init", action="store_true", help="random weights of --model's shape (seeded)")
 
 
 def generation_batch(args):
     """(tokenizer, engine, prompts × samples, sampling params, seeds) of the batch ``args`` describe: the first
-    ``--prompts`` ASDiv prompts in the model's chat template, temperature 1, up to ``--max-new-tokens``."""
+    ``--prompts`` ASDiv prompts in the model's chat template, temperature 1, up to ``--max-new-tokens`` (with
+    profile_generation's ``--random-init``, ``--dtype`` and ``--device`` when ``args`` has them)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -133,6 +131,9 @@ def hf_generate(engine, flat: list[list[int]], new_tokens: int):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_batch_args(ap)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--random-init", action="store_true", help="random weights of --model's shape (seeded)")
     ap.add_argument("--compare-hf", action="store_true", help="also time transformers' generate (see above)")
     args = ap.parse_args(argv)
     import torch
