@@ -7,8 +7,9 @@ from hpc_rlhf.engines.lean_decoder import LeanDecoder, lean_supported
 from hpc_rlhf.engines.rollout import SamplingParams
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
-def test_lean_logits_match_transformers(tmp_path, arch):
+@pytest.mark.parametrize("arch, fold_gqa", [("llama", False), ("qwen2", False), ("mistral", False),
+                                            ("llama", True)])  # True: the CUDA path of grouped-query attention
+def test_lean_logits_match_transformers(tmp_path, arch, fold_gqa):
     from transformers import AutoModelForCausalLM
 
     from hpc_rlhf.models.tiny import build_tiny_model
@@ -21,7 +22,7 @@ def test_lean_logits_match_transformers(tmp_path, arch):
     ids = torch.tensor([[257] * (width - len(p)) + p for p in prompts])
     valid = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
     pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    lean = LeanDecoder(model)
+    lean = LeanDecoder(model, fold_gqa=fold_gqa)
     lean.start(3, width + 3, torch.float32, torch.device("cpu"))
     seqs = [list(p) for p in prompts]
     with torch.no_grad():
@@ -35,6 +36,27 @@ def test_lean_logits_match_transformers(tmp_path, arch):
                 seqs[b].append(int(nxt[b]))
             next_pos = torch.tensor([[len(s) - 1] for s in seqs])
             got = lean.forward(nxt[:, None], next_pos, torch.ones((3, 1), dtype=torch.bool))
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_grouped_attention_is_gqa_attention(T):
+    """Query heads folded into their key/value head's rows give what enable_gqa gives, with a padding mask
+    (decode: one mask row, broadcast) and a causal one (prefill: T rows)."""
+    import torch.nn.functional as F
+
+    from hpc_rlhf.engines.lean_decoder import grouped_attention
+    g = torch.Generator().manual_seed(T)
+    B, nq, nkv, S, D = 3, 6, 2, 7, 8
+    q, k, v = (torch.randn(B, h, n, D, generator=g) for h, n in ((nq, T), (nkv, S), (nkv, S)))
+    valid = torch.rand(B, S, generator=g) > 0.3
+    valid[:, -1] = True
+    if T == 1:
+        mask = valid[:, None, None, :]
+    else:  # query t sits at key position S - T + t
+        causal = torch.arange(S)[None, :] <= torch.arange(S - T, S)[:, None]
+        mask = (causal[None] & valid[:, None, :])[:, None]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(grouped_attention(q, k, v, mask, 0.3), want, atol=1e-6, rtol=1e-6)
 
 
 def test_engine_lean_and_transformers_paths_sample_the_same(tmp_path):

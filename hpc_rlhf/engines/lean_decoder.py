@@ -13,6 +13,12 @@ on CPU a few-row product with an [in, out] matrix skips the repacking BLAS does 
 the linear weights and are rebuilt whenever a weight of the module changed (its storage or version
 counter), so loading new weights into the module takes effect at the next ``start``.  Tests compare
 its logits with the transformers forward.
+
+Grouped-query attention (fewer key/value heads than query heads) goes to ``scaled_dot_product_attention``
+with ``enable_gqa`` on the CPU, whose kernel takes it with a mask.  On CUDA no fused kernel takes a mask
+with unequal head counts (flash takes no mask, memory-efficient wants equal heads), so PyTorch would fall
+back to its unfused math path; there each key/value head's query heads are folded into its query rows
+(``grouped_attention``), which gives equal head counts without copying the cache.
 """
 from __future__ import annotations
 
@@ -60,6 +66,20 @@ def _fused(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
     return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
 
 
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Attention of ``q`` [B, nq, T, D] over ``k``, ``v`` [B, nkv, S, D] (nq a multiple of nkv; query head h
+    reads key/value head h // (nq / nkv), as ``enable_gqa``) with a boolean ``mask`` [B, 1, T or 1, S], as nkv
+    heads of (nq / nkv) × T query rows each: the same result with equal head counts."""
+    B, nq, T, D = q.shape
+    nkv, S = k.shape[1], k.shape[2]
+    g = nq // nkv
+    if mask.shape[-2] != 1:  # each of a key/value head's g query heads has the same T mask rows
+        mask = mask[:, :, None].expand(B, 1, g, T, S).reshape(B, 1, g * T, S)
+    o = F.scaled_dot_product_attention(q.reshape(B, nkv, g * T, D), k, v, attn_mask=mask, scale=scale)
+    return o.reshape(B, nq, T, D)
+
+
 def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
     weight, bias = packed
     y = torch.matmul(x, weight)
@@ -67,7 +87,8 @@ def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -
 
 
 class LeanDecoder:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, fold_gqa: bool | None = None):
+        """``fold_gqa``: grouped-query attention through ``grouped_attention`` (None: on CUDA only)."""
         if not lean_supported(model):
             raise ValueError(f"the lean decoder does not support {type(model).__name__}")
         cfg = model.config
@@ -77,6 +98,7 @@ class LeanDecoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.scale = self.head_dim ** -0.5
         self._packed_key: tuple | None = None
+        self.fold_gqa = fold_gqa
 
     def _pack(self) -> None:
         """(Re)build the packed weights if any weight of the module changed since they were made."""
@@ -138,6 +160,7 @@ class LeanDecoder:
         cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, T, 1, D]
         h = self.body.embed_tokens(ids)
         split = (nq + nkv) * D  # queries and keys | values
+        fold = nkv != nq and (ids.device.type == "cuda" if self.fold_gqa is None else self.fold_gqa)
         for i, layer in enumerate(self.body.layers):
             qkv_w, o_w, gate_up_w, down_w = self.layers[i]
             x = _rms(h, layer.input_layernorm)
@@ -146,9 +169,9 @@ class LeanDecoder:
             qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
             self.keys[i][:, :, start:end] = qk[:, :, nq:].transpose(1, 2)
             self.values[i][:, :, start:end] = qkv[..., split:].view(B, T, nkv, D).transpose(1, 2)
-            o = F.scaled_dot_product_attention(qk[:, :, :nq].transpose(1, 2), self.keys[i][:, :, :end],
-                                               self.values[i][:, :, :end], attn_mask=mask, scale=self.scale,
-                                               enable_gqa=nkv != nq)
+            q, k, v = qk[:, :, :nq].transpose(1, 2), self.keys[i][:, :, :end], self.values[i][:, :, :end]
+            o = (grouped_attention(q, k, v, mask, self.scale) if fold else
+                 F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=nkv != nq))
             h = h + _matmul(o.transpose(1, 2).reshape(B, T, -1), o_w)
             x = _rms(h, layer.post_attention_layernorm)
             gate, up = _matmul(x, gate_up_w).chunk(2, dim=-1)
