@@ -38,6 +38,23 @@ def test_lean_logits_match_transformers(tmp_path, arch, fold_gqa):
             got = lean.forward(nxt[:, None], next_pos, torch.ones((3, 1), dtype=torch.bool))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_is_the_llama_norm(dtype):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from hpc_rlhf.engines.lean_decoder import _rms
+    g = torch.Generator().manual_seed(0)
+    norm = LlamaRMSNorm(64, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64, generator=g) * 0.5 + 1)
+    norm = norm.to(dtype)
+    x = (torch.randn(3, 5, 64, generator=g) * 3).to(dtype)
+    got = _rms(x, norm)
+    assert got.dtype == dtype
+    tol = 0 if dtype == torch.bfloat16 else 1e-6  # bf16: the same single rounding, bit for bit
+    torch.testing.assert_close(got, norm(x), rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("T", [1, 4])
 def test_grouped_attention_is_gqa_attention(T):
     """Query heads folded into their key/value head's rows give what enable_gqa gives, with a padding mask
