@@ -14,11 +14,11 @@ the linear weights and are rebuilt whenever a weight of the module changed (its 
 counter), so loading new weights into the module takes effect at the next ``start``.  Tests compare
 its logits with the transformers forward.
 
-Grouped-query attention (fewer key/value heads than query heads) goes to ``scaled_dot_product_attention``
-with ``enable_gqa`` on the CPU, whose kernel takes it with a mask.  On CUDA no fused kernel takes a mask
-with unequal head counts (flash takes no mask, memory-efficient wants equal heads), so PyTorch would fall
-back to its unfused math path; there each key/value head's query heads are folded into its query rows
-(``grouped_attention``), which gives equal head counts without copying the cache.
+Grouped-query attention (fewer key/value heads than query heads) folds each key/value head's query heads
+into its query rows (``grouped_attention``): equal head counts, without copying the cache.  On CUDA no fused
+kernel takes a mask with ``enable_gqa`` (flash takes no mask, memory-efficient wants equal heads), so
+PyTorch would fall back to its unfused math path; on the CPU the folded call is also faster at decode
+(docs/performance.md).
 """
 from __future__ import annotations
 
@@ -87,8 +87,7 @@ def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -
 
 
 class LeanDecoder:
-    def __init__(self, model: torch.nn.Module, fold_gqa: bool | None = None):
-        """``fold_gqa``: grouped-query attention through ``grouped_attention`` (None: on CUDA only)."""
+    def __init__(self, model: torch.nn.Module):
         if not lean_supported(model):
             raise ValueError(f"the lean decoder does not support {type(model).__name__}")
         cfg = model.config
@@ -98,7 +97,6 @@ class LeanDecoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.scale = self.head_dim ** -0.5
         self._packed_key: tuple | None = None
-        self.fold_gqa = fold_gqa
 
     def _pack(self) -> None:
         """(Re)build the packed weights if any weight of the module changed since they were made."""
@@ -160,7 +158,6 @@ class LeanDecoder:
         cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, T, 1, D]
         h = self.body.embed_tokens(ids)
         split = (nq + nkv) * D  # queries and keys | values
-        fold = nkv != nq and (ids.device.type == "cuda" if self.fold_gqa is None else self.fold_gqa)
         for i, layer in enumerate(self.body.layers):
             qkv_w, o_w, gate_up_w, down_w = self.layers[i]
             x = _rms(h, layer.input_layernorm)
@@ -169,9 +166,8 @@ class LeanDecoder:
             qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
             self.keys[i][:, :, start:end] = qk[:, :, nq:].transpose(1, 2)
             self.values[i][:, :, start:end] = qkv[..., split:].view(B, T, nkv, D).transpose(1, 2)
-            q, k, v = qk[:, :, :nq].transpose(1, 2), self.keys[i][:, :, :end], self.values[i][:, :, :end]
-            o = (grouped_attention(q, k, v, mask, self.scale) if fold else
-                 F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=nkv != nq))
+            o = grouped_attention(qk[:, :, :nq].transpose(1, 2), self.keys[i][:, :, :end], self.values[i][:, :, :end],
+                                  mask, self.scale)
             h = h + _matmul(o.transpose(1, 2).reshape(B, T, -1), o_w)
             x = _rms(h, layer.post_attention_layernorm)
             gate, up = _matmul(x, gate_up_w).chunk(2, dim=-1)
