@@ -270,15 +270,13 @@ def gpu_count() -> int:
 
 def random_model(model: str, out: Path, seed: int) -> str:
     """A copy of ``model``'s folder (config, tokenizer, chat template) with random weights (the config's own
-    initialisation, seeded) in place of its own."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    initialisation, seeded: ``profile_generation.random_weights``) in place of its own."""
+    from profile_generation import random_weights
     out.mkdir(parents=True, exist_ok=True)
     for f in Path(model).iterdir():
         if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "model.safetensors.index.json":
             shutil.copy(f, out / f.name)
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model), dtype=torch.float32).save_pretrained(out)
+    random_weights(model, seed).save_pretrained(out)
     return str(out)
 
 

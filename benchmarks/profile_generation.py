@@ -48,6 +48,14 @@ def add_batch_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=2)
 
 
+def random_weights(model: str, seed: int = 0):
+    """A model of ``model``'s config with random weights (the config's own initialisation, seeded), fp32."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model), dtype=torch.float32)
+
+
 def generation_batch(args):
     """(tokenizer, engine, prompts × samples, sampling params, seeds) of the batch ``args`` describe: the first
     ``--prompts`` ASDiv prompts in the model's chat template, temperature 1, up to ``--max-new-tokens`` (with
@@ -63,11 +71,7 @@ def generation_batch(args):
     texts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
                                      tokenize=False) for r in rows]
     prompts = tok(texts, add_special_tokens=False)["input_ids"]
-    model = args.model
-    if getattr(args, "random_init", False):
-        from transformers import AutoConfig, AutoModelForCausalLM
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model), dtype=torch.float32)
+    model = random_weights(args.model) if getattr(args, "random_init", False) else args.model
     engine = HFEngine(model, dtype=getattr(args, "dtype", "fp32"), device=getattr(args, "device", "cpu"),
                       max_batch_size=args.prompts * args.samples)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens,
