@@ -2,8 +2,9 @@
 
 One batch of ``--prompts`` ASDiv prompts × ``--samples`` samples (the model's chat template), up to
 ``--max-new-tokens`` at temperature 1, timed once without the profiler and once with it.  The operators'
-self time is grouped: matrix products, attention, sampling (the uniform draws, the Gumbel transform, argmax,
-the log-softmax of the chosen tokens), everything else.  One JSON line last on stdout.
+self time is grouped: matrix products, attention, sampling (the softmax, running sums and search of the engine's
+inverse-distribution draw; generate's softmax and multinomial draw; argmax; the log-softmax of the chosen
+tokens), everything else.  One JSON line last on stdout.
 
 ``--device cuda`` runs it on the GPU (the profile then also records the GPU: kernels launched and their time
 per generated token); ``--dtype bf16`` in bf16; ``--random-init`` with random weights of the model's shape (for
@@ -30,7 +31,8 @@ REAL = Path(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")).expandu
 GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm"),
           "attention": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
           "sampling": ("aten::uniform_", "aten::exponential_", "aten::log_", "aten::neg_", "aten::argmax",
-                       "aten::_log_softmax")}
+                       "aten::_log_softmax", "aten::_softmax", "aten::multinomial",
+                       "aten::cumsum", "aten::searchsorted")}
 
 
 def group_of(op: str, groups: dict[str, tuple[str, ...]] = GROUPS) -> str:

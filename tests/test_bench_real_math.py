@@ -170,6 +170,7 @@ def test_profile_generation_groups():
     assert pg.group_of("aten::mm") == "matmul" and pg.group_of("aten::addmm") == "matmul"
     assert pg.group_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert pg.group_of("aten::uniform_") == "sampling" and pg.group_of("aten::argmax") == "sampling"
+    assert pg.group_of("aten::cumsum") == "sampling" and pg.group_of("aten::searchsorted") == "sampling"
     assert pg.group_of("aten::matmul") == "other"  # the dispatcher above aten::mm: its own time only
     assert pg.group_of("aten::add") == "other"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hpc_rlhf.engines.hf_engine import HFEngine, filter_logits, gumbel_argmax
+from hpc_rlhf.engines.hf_engine import HFEngine, filter_logits, inverse_cdf_sample
 from hpc_rlhf.engines.rollout import Completion, RolloutEngine, SamplingParams
 from hpc_rlhf.engines.seeds import sample_seed
 from hpc_rlhf.models.tiny import build_tiny_model
@@ -195,24 +195,41 @@ def test_top_p_keeps_smallest_set():
     assert kept(1.0) == [True] * 4
 
 
-def test_gumbel_argmax_is_the_exponential_race():
-    """p = (0.5, 0.25, 0.25); u = exp(-E) with E = (1, 0.4, 0.2): E/p = (2, 1.6, 0.8), the third token wins;
-    with E = (0.2, 0.4, 1): E/p = (0.4, 1.6, 4), the first.  A filtered-out token (-inf) never wins, and a
-    constant added to a row (its log-normaliser) changes nothing."""
-    x = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.5, 0.25, 0.25]]))
-    u = torch.exp(-torch.tensor([[1.0, 0.4, 0.2], [0.2, 0.4, 1.0]], dtype=torch.float64))
-    assert gumbel_argmax(x, u.clone()).tolist() == [2, 0]
-    assert gumbel_argmax(x + 7.5, u.clone()).tolist() == [2, 0]
-    banned = x.clone()
-    banned[0, 2] = float("-inf")  # the race's second place, token 1 (1.6 < 2), takes it
-    assert gumbel_argmax(banned, u.clone()).tolist() == [1, 0]
-    # frequencies over 20,000 rows of seeded uniforms match p within 4 standard deviations
+def test_inverse_cdf_sample_by_hand():
+    """p = (1, 2, 1) / 4: the running sums are (0.25, 0.75, 1), and the token is the first whose sum reaches
+    (1 - u) * 1.  u = 0 -> target 1 -> token 2; u = 0.5 -> 0.5 -> token 1; u = 0.74 -> 0.26 -> token 1;
+    u = 0.8 -> 0.2 -> token 0.  A constant added to a row changes nothing."""
+    x = torch.log(torch.tensor([[1.0, 2.0, 1.0]] * 4))
+    u = torch.tensor([0.0, 0.5, 0.74, 0.8], dtype=torch.float64)
+    assert inverse_cdf_sample(x, u).tolist() == [2, 1, 1, 0]
+    assert inverse_cdf_sample(x + 7.5, u).tolist() == [2, 1, 1, 0]
+
+
+def test_inverse_cdf_sample_never_picks_a_filtered_token():
+    """p = (0.5, 0, 0.5): sums (0.5, 0.5, 1).  Target 0.5 (u = 0.5) is first reached by token 0, not the banned
+    token 1 beside it; 0.51 (u = 0.49) by token 2.  A banned last token is not reached by the largest target (u = 0,
+    target = the total), nor a banned first token by the smallest (u just below 1)."""
+    inf = float("-inf")
+    middle = torch.tensor([[0.0, inf, 0.0]] * 2)
+    assert inverse_cdf_sample(middle, torch.tensor([0.5, 0.49], dtype=torch.float64)).tolist() == [0, 2]
+    assert inverse_cdf_sample(torch.tensor([[0.0, 0.0, inf]]), torch.zeros(1, dtype=torch.float64)).tolist() == [1]
+    largest_u = torch.tensor([1.0 - 2.0 ** -53], dtype=torch.float64)
+    assert inverse_cdf_sample(torch.tensor([[inf, 0.0, 0.0]]), largest_u).tolist() == [1]
+
+
+def test_inverse_cdf_sample_frequencies():
+    """Over 20,000 rows of seeded uniforms, p = (0.5, 0.25, 0.25) and a row with one token at 1e-3 of the
+    rest: the frequencies match within 4 standard deviations, and rows are independent of each other."""
     n = 20_000
-    draws = gumbel_argmax(x[:1].expand(n, 3), torch.rand(n, 3, generator=torch.Generator().manual_seed(3),
-                                                           dtype=torch.float64))
-    for token, p in enumerate((0.5, 0.25, 0.25)):
-        k = int((draws == token).sum())
-        assert abs(k - n * p) <= 4 * math.sqrt(n * p * (1 - p)), (token, k)
+    u = torch.rand(n, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for probs in ((0.5, 0.25, 0.25), (0.999 / 2, 0.001, 0.999 / 2)):
+        draws = inverse_cdf_sample(torch.log(torch.tensor([probs])).expand(n, 3), u)
+        for token, p in enumerate(probs):
+            k = int((draws == token).sum())
+            assert abs(k - n * p) <= 4 * math.sqrt(n * p * (1 - p)), (probs, token, k)
+    x = torch.randn(5, 1000, generator=torch.Generator().manual_seed(1))
+    u5 = torch.rand(5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    assert inverse_cdf_sample(x, u5)[2:4].tolist() == inverse_cdf_sample(x[2:4], u5[2:4]).tolist()
 
 
 @pytest.mark.parametrize("lean", [True, False])
