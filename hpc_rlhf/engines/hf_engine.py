@@ -194,7 +194,8 @@ class HFEngine(RolloutEngine):
             if streams is None:
                 chosen = torch.argmax(logits, dim=-1)
             else:
-                uniforms = torch.tensor([streams[i].random() for i in live], dtype=torch.float64)
+                uniforms = torch.tensor([streams[i].random() for i in live], dtype=torch.float64,
+                                        pin_memory=dev.type == "cuda")  # pinned: the copy does not wait
                 chosen = inverse_cdf_sample(filter_logits(logits, params), uniforms.to(dev, non_blocking=True))
             chosen = torch.where(finished, torch.full_like(chosen, self.pad_token_id), chosen)
             tokens[live_dev, step] = chosen

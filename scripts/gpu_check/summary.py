@@ -10,6 +10,8 @@ CHECKS = {
     "collectives": "hpc_rlhf.distributed.collectives on CUDA tensors in NCCL groups (default group and Bridge)",
     "sft_zero3_bf16_resume": "train sft, DeepSpeed ZeRO-3, bf16 on CUDA; a resume logs the uninterrupted losses",
     "grpo_colocated_hf": "train rl (GRPO), every role colocated on one GPU, transformers engine",
+    "engine_cpu_cuda": "the transformers engine samples the same tokens on CUDA as on the CPU with the same seeds "
+                       "(fp32, grouped-query attention)",
     "grpo_colocated_vllm": "train rl (GRPO), every role colocated, vLLM on CUDA: sleep/wake, in-process weight "
                            "load, checksums after every sync, log-prob and greedy parity with the trainer",
     "sft_two_ranks_nccl": "train sft on 2 ranks (2 GPUs) over NCCL",
@@ -38,7 +40,7 @@ def not_covered(name: str, why: str) -> Result:
 
 def plan(gpus: int, vllm_installed: bool) -> tuple[list[str], list[Result]]:
     """The checks a machine with ``gpus`` CUDA devices runs, and what it cannot cover (with why)."""
-    runs = ["collectives", "sft_zero3_bf16_resume", "grpo_colocated_hf"]
+    runs = ["collectives", "sft_zero3_bf16_resume", "grpo_colocated_hf", "engine_cpu_cuda"]
     left_out = []
     if vllm_installed:
         runs.append("grpo_colocated_vllm")
