@@ -34,6 +34,9 @@ def main(argv=None) -> int:
     add_batch_args(ap)
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--overhead", type=int, default=0, help="train.micro_batch_overhead_tokens (0: --micro rows each)")
+    ap.add_argument("--share-prompts", action="store_true",
+                    help="train.share_prompts: each distinct prompt runs once (SharedPrompts), micro-batches cut "
+                         "by response length")
     ap.add_argument("--compile-layers", action="store_true",
                     help="torch.compile each decoder layer (dynamic shapes) and time one warm-up pass first")
     args = ap.parse_args(argv)
@@ -42,6 +45,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
     from hpc_rlhf.roles.experience import Experience, response_logits, response_logprobs
+    from hpc_rlhf.roles.shared_prompts import SharedPrompts
     from hpc_rlhf.roles.training import optimizer_steps
     tok, engine, flat, params, seeds = generation_batch(args)
     out = engine.generate(flat, params, seeds)
@@ -52,18 +56,21 @@ def main(argv=None) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.train()
     [micro_batches] = optimizer_steps(samples, len(samples), args.micro, 1, 0, tok.pad_token_id or 0, "cpu",
-                                     args.overhead)
+                                     args.overhead, args.share_prompts)
     tokens = sum(len(s.response_ids) for s in samples)
 
     def passes() -> dict[str, float]:
         sec = {"forward_s": 0.0, "backward_s": 0.0}
+        shared = (SharedPrompts(model, samples, len(micro_batches), tok.pad_token_id or 0, "cpu")
+                  if args.share_prompts else None)
         for part, batch in micro_batches:
             t0 = time.perf_counter()
-            logp = response_logprobs(response_logits(model, batch), batch)
+            logits = shared.logits(part, batch) if shared else response_logits(model, batch)
+            logp = response_logprobs(logits, batch)
             adv = torch.zeros_like(logp)
             for b, s in enumerate(part):
                 adv[b, :len(s.advantages)] = torch.tensor(s.advantages)
-            loss = -(logp * adv * batch.mask).sum() / tokens
+            loss = -(logp * adv * batch.mask).sum() / tokens + (shared.closing() if shared else 0.0)
             t1 = time.perf_counter()
             loss.backward()
             sec["forward_s"] += t1 - t0
@@ -81,11 +88,13 @@ def main(argv=None) -> int:
     plain = passes()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         profiled = passes()
-    positions = sum(int(b.input_ids.numel()) for _, b in micro_batches)
+    positions = (sum(int(b.mask.numel()) for _, b in micro_batches) +
+                 len({tuple(s.prompt_ids) for s in samples}) * max(len(s.prompt_ids) for s in samples)
+                 if args.share_prompts else sum(int(b.input_ids.numel()) for _, b in micro_batches))
     result = {"lengths": sorted((len(s.prompt_ids) + len(s.response_ids) for s in samples), reverse=True),
               "response_tokens": tokens, "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
               "padded_positions": positions, "micro_batches": [len(m) for m, _ in micro_batches],
-              "overhead": args.overhead, "compile_layers": args.compile_layers,
+              "overhead": args.overhead, "share_prompts": args.share_prompts, "compile_layers": args.compile_layers,
               "warmup_s": warmup_s, "plain": plain, "profiled": profiled, **self_time(prof, GROUPS, 16)}
     print(json.dumps(result))
     return 0

@@ -60,7 +60,9 @@ def test_per_sample_returns_each_samples_row_in_the_order_given():
     xs = samples()
     seen = []
 
-    def fn(batch):  # a [B, R] result that names each sample: its response tokens
+    def fn(part, batch):  # a [B, R] result that names each sample: its response tokens
+        for b, s in enumerate(part):  # the samples given are the batch's rows
+            assert batch.tokens[b, :len(s.response_ids)].tolist() == s.response_ids
         seen.append(batch.input_ids.shape[1])
         return batch.tokens.float()
     out = per_sample(torch.nn.Linear(1, 1), xs, 3, 0, "cpu", fn)

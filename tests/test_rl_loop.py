@@ -71,6 +71,23 @@ def test_two_actor_ranks_match_one(assets):
         assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-4)
 
 
+@pytest.mark.slow  # two runs; the unit tests of SharedPrompts (test_shared_prompts.py) are in the default suite
+def test_shared_prompts_train_as_every_sample_running_its_prompt(assets):
+    """GRPO, two samples per prompt: train.share_prompts (the default) against false, the same losses, gradient
+    norms and weights sent after each step."""
+    root, base = assets
+    cfg = merged(base, algo={"advantage_estimator": "group_norm"}, train={"max_steps": 2},
+                 placement={"colocate_all": True})
+    shared = run_rl(cfg, root, "grpo_shared")
+    apart = run_rl(merged(cfg, train={"share_prompts": False}), root, "grpo_apart")
+    assert [m["step"] for m in shared] == [m["step"] for m in apart] == [1, 2]
+    for a, b in zip(shared, apart):
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-6)
+        assert a["actor/loss"] == pytest.approx(b["actor/loss"], abs=1e-6)
+        assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-5)
+        assert a["sync/checksum_sent"] == pytest.approx(b["sync/checksum_sent"], rel=1e-7)  # a few ulps a weight
+
+
 def test_reward_model_remote_server_and_dynamic_filtering(assets):
     """Every reward source at once, combined by weight, with the shaping options and dynamic filtering."""
     from transformers import AutoModelForSequenceClassification

@@ -10,11 +10,13 @@ from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import load_causal_lm
 from .experience import Experience, RLBatch, padded, response_logits, response_logprobs
-from .training import combine, optimizer_steps, per_sample, run_optimizer_step
+from .shared_prompts import SharedPrompts, logprobs_per_sample, repeats, sharing
+from .training import combine, optimizer_steps, run_optimizer_step
 
 
 class Actor:
     _mismatch_max = 0.0  # largest |trainer − engine| log-prob difference of the current train() call
+    _shared: SharedPrompts | None = None  # the current optimizer step's prompt pass (train.share_prompts)
 
     def __init__(self, cfg: RLConfig, algo: RLAlgorithm, total_optimizer_steps: int, world_size: int, pad_id: int,
                  device):
@@ -22,6 +24,7 @@ class Actor:
         self.engine = build_engine(load_causal_lm(cfg.model), cfg.train, cfg.train.actor_learning_rate,
                                    cfg.model.param_dtype, total_optimizer_steps, world_size)
         self.temperature = cfg.rollout.temperature or 1.0
+        self.share_prompts = sharing(self.engine, cfg.train.share_prompts, "actor", cfg.train.zero_stage)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -31,11 +34,11 @@ class Actor:
         return response_logits(self.engine, batch)
 
     def logprobs(self, samples: list[Experience]) -> list[list[float]]:
-        return per_sample(self.engine, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device,
-                          lambda batch: response_logprobs(self._logits(batch), batch, self.temperature))
+        return logprobs_per_sample(self.engine, samples, self.cfg.train.micro_train_batch_size, self.pad_id,
+                                   self.device, self.temperature, self.share_prompts)
 
     def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm):
-        logits = self._logits(batch)
+        logits = self._shared.logits(samples, batch) if self._shared else self._logits(batch)
         logp = response_logprobs(logits, batch, self.temperature)
         R = batch.mask.size(1)
         # without an old-policy pass the samples come from exactly these weights (one update per step)
@@ -55,17 +58,22 @@ class Actor:
         mm = mismatch_metrics(trainer, engine, batch.mask)
         self._mismatch_max = max(self._mismatch_max, float(mm["mismatch/max_abs_diff"]))
         metrics.update(mm)
-        return self.algo.actor_loss(token_loss, batch.mask, norm), metrics
+        loss = self.algo.actor_loss(token_loss, batch.mask, norm)
+        return (loss + self._shared.closing() if self._shared else loss), metrics
 
     def train(self, samples: list[Experience], step: int) -> dict[str, float]:
         t = self.cfg.train
         per_rank = t.train_batch_size // self.world_size
         history = []
         self._mismatch_max = 0.0
+        share = self.share_prompts and repeats(samples)
         for micro in optimizer_steps(samples, per_rank, t.micro_train_batch_size, t.max_epochs,
-                                     t.seed + step, self.pad_id, self.device, t.micro_batch_overhead_tokens):
+                                     t.seed + step, self.pad_id, self.device, t.micro_batch_overhead_tokens, share):
+            self._shared = (SharedPrompts(self.engine, [s for part, _ in micro for s in part], len(micro), self.pad_id,
+                                          self.device) if share else None)
             history.append(run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size,
                                               float(self.cfg.max_action_tokens())))
+        self._shared = None
         out = {f"actor/{k}": v for k, v in combine(history).items()}
         out["actor/mismatch/max_abs_diff"] = self._mismatch_max  # a max over the call, not a mean of maxima
         out["actor/lr"] = self.engine.get_lr()[0]

@@ -42,7 +42,7 @@ class Critic:
 
     def values(self, samples: list[Experience]) -> list[list[float]]:
         return per_sample(self.engine, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device,
-                          lambda batch: token_values(self.engine.module, batch))
+                          lambda _part, batch: token_values(self.engine.module, batch))
 
     def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm):
         v = token_values(self.engine.module, batch)

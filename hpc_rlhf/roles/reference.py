@@ -6,8 +6,8 @@ import dataclasses
 
 from ..config.rl import RLConfig
 from ..models.loading import load_causal_lm
-from .experience import Experience, response_logits, response_logprobs
-from .training import per_sample
+from .experience import Experience
+from .shared_prompts import logprobs_per_sample, sharing
 
 
 class Reference:
@@ -17,7 +17,8 @@ class Reference:
         self.model = load_causal_lm(model_cfg, trainable=False).to(device)
         self.cfg, self.pad_id, self.device = cfg, pad_id, device
         self.temperature = cfg.rollout.temperature or 1.0
+        self.share_prompts = sharing(self.model, cfg.train.share_prompts, "reference")
 
     def logprobs(self, samples: list[Experience]) -> list[list[float]]:
-        return per_sample(self.model, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device,
-                          lambda batch: response_logprobs(response_logits(self.model, batch), batch, self.temperature))
+        return logprobs_per_sample(self.model, samples, self.cfg.train.micro_train_batch_size, self.pad_id,
+                                   self.device, self.temperature, self.share_prompts)

@@ -1,0 +1,166 @@
+"""One pass over each distinct prompt of an optimizer step, shared by all of its samples' micro-batches.
+
+A GRPO step holds n samples of every prompt.  Padded training runs each sample's prompt through the model
+again (in a GRPO step of SmolLM2-135M on ASDiv: 4024 of 10571 positions, 8 copies of each of 8 prompts).  Under
+causal attention a prompt's hidden states do not depend on what follows it, so they are the same in every copy.
+Here the step's distinct prompts go through the model once; each micro-batch then runs its responses only,
+attending to their prompt's keys and values (the prompt pass's cache, gathered per row), and the logit that
+predicts a response's first token is the prompt pass's last position.
+
+The gradient is the same.  Every micro-batch but the last reads detached copies of the prompt pass's outputs
+(its keys, values and last hidden states), whose gradients accumulate over those backward passes; the last one
+reads the live outputs and adds a term of value 0 whose gradient hands the accumulated gradients to them, so its
+backward carries the prompt pass's whole gradient through the prompt pass once.  Each backward is still one
+``engine.backward``, as gradient accumulation needs.
+"""
+from __future__ import annotations
+
+import torch
+
+from .experience import Experience, RLBatch, response_logits, response_logprobs
+from .training import per_sample
+
+
+def supports(model: torch.nn.Module) -> str | None:
+    """None if ``SharedPrompts`` can run this model, else why not."""
+    inner = getattr(model, "module", model)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if head is None:
+        return f"{type(inner).__name__} has no output head to pick positions at"
+    checkpointing = (inner.is_activation_checkpointing if hasattr(inner, "is_activation_checkpointing")
+                     else getattr(inner, "is_gradient_checkpointing", False))
+    if checkpointing:
+        return "gradient checkpointing turns the key/value cache off in training"
+    config = getattr(inner, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return f"{type(inner).__name__} is not a decoder-only transformers model"
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    types = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"} or (getattr(text, "sliding_window", None) and
+                                       getattr(text, "use_sliding_window", True)):
+        return f"{getattr(text, 'model_type', type(inner).__name__)} has layers other than full attention"
+    return None
+
+
+def sharing(model: torch.nn.Module, enabled: bool, role: str, zero_stage: int = 0) -> bool:
+    """Whether ``role`` shares its prompt passes (``train.share_prompts`` on and the model able to); a line
+    saying why not when it is on and the model is not."""
+    why = supports(model) if zero_stage < 3 else "ZeRO-3 gathers the parameters per forward"
+    if enabled and why is not None:
+        print(f"[{role}] train.share_prompts is on but each sample runs its prompt: {why}", flush=True)
+    return enabled and why is None
+
+
+def repeats(samples: list[Experience]) -> bool:
+    """Whether some prompt has more than one sample here (else sharing saves nothing)."""
+    return len({tuple(s.prompt_ids) for s in samples}) < len(samples)
+
+
+def logprobs_per_sample(model: torch.nn.Module, samples: list[Experience], micro: int, pad_id: int, device,
+                        temperature: float, share: bool) -> list[list[float]]:
+    """Each sample's response log-probs (``per_sample``, no gradient); with ``share`` and repeated prompts, one
+    prompt pass for all of them and micro-batches of responses cut by response length."""
+    shared = SharedPrompts(model, samples, 0, pad_id, device) if share and repeats(samples) else None
+
+    def fn(part: list[Experience], batch: RLBatch) -> torch.Tensor:
+        logits = shared.logits(part, batch) if shared else response_logits(model, batch)
+        return response_logprobs(logits, batch, temperature)
+    return per_sample(model, samples, micro, pad_id, device, fn, responses_only=shared is not None)
+
+
+class SharedPrompts:
+    """The prompt pass of one optimizer step's ``samples`` and the logits of its micro-batches' responses.
+
+    ``logits`` is called once per micro-batch, ``calls`` times in all; ``closing`` gives the term the last
+    micro-batch's loss adds (0 with the prompt pass's gradient; a zero without a gradient)."""
+
+    def __init__(self, model: torch.nn.Module, samples: list[Experience], calls: int, pad_id: int, device):
+        self.index: dict[tuple[int, ...], int] = {}
+        for s in samples:
+            if not s.prompt_ids:
+                raise ValueError(f"sample (prompt {s.prompt_index}, sample {s.sample_index}) has an empty prompt: "
+                                 f"there is no position whose logits predict its first response token")
+            self.index.setdefault(tuple(s.prompt_ids), len(self.index))
+        self.model, self.calls, self.pad_id, self.device = model, calls, pad_id, device
+        self.head = getattr(model, "module", model).get_output_embeddings()
+        self.done = 0
+        self.live: list[torch.Tensor] | None = None   # keys and values per layer, then the last hidden states
+        self.leaves: list[torch.Tensor] = []
+
+    @property
+    def distinct(self) -> int:
+        return len(self.index)
+
+    def _prompt_pass(self) -> None:
+        prompts = list(self.index)
+        P = max(map(len, prompts))
+        ids = torch.full((len(prompts), P), self.pad_id, dtype=torch.long)
+        att = torch.zeros((len(prompts), P), dtype=torch.long)
+        for u, p in enumerate(prompts):
+            ids[u, :len(p)] = torch.tensor(p)
+            att[u, :len(p)] = 1
+        self.lengths = att.sum(1).to(self.device)
+        self.att = att.to(self.device)
+        last = {}
+
+        def keep_last(_module, args):
+            h = args[0]
+            last["h"] = h[torch.arange(h.size(0), device=h.device), self.lengths - 1]
+            return (h[:, :0], *args[1:])  # the head runs on no position here
+
+        handle = self.head.register_forward_pre_hook(keep_last)
+        try:
+            out = self.model(input_ids=ids.to(self.device), attention_mask=self.att,
+                             position_ids=torch.arange(P, device=self.device).expand(len(prompts), P), use_cache=True)
+        finally:
+            handle.remove()
+        self.live = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)] + [last["h"]]
+        if torch.is_grad_enabled():
+            self.leaves = [t.detach().requires_grad_() for t in self.live]
+
+    def logits(self, samples: list[Experience], batch: RLBatch) -> torch.Tensor:
+        """The logits [N, V] that predict ``batch``'s picked response tokens (as ``response_logits`` gives)."""
+        from transformers import DynamicCache
+        if self.live is None:
+            self._prompt_pass()
+        self.done += 1
+        src = self.leaves if self.leaves and self.done < self.calls else self.live
+        u = torch.tensor([self.index[tuple(s.prompt_ids)] for s in samples], device=self.device)
+        B, R = batch.mask.shape[0], max(batch.mask.shape[1], 1)  # a batch of empty responses runs one pad
+        ids = torch.full((B, R), self.pad_id, dtype=torch.long)
+        att = torch.zeros((B, R), dtype=torch.long)
+        for b, s in enumerate(samples):
+            ids[b, :len(s.response_ids)] = torch.tensor(s.response_ids)
+            att[b, :len(s.response_ids)] = 1
+        att = att.to(self.device)
+        cache = DynamicCache(ddp_cache_data=[(src[i][u], src[i + 1][u]) for i in range(0, len(src) - 1, 2)])
+        first = src[-1][u].unsqueeze(1)
+        picked = torch.nn.functional.pad(batch.picked, (0, R - batch.mask.shape[1]))
+
+        def pick(_module, args):  # token 0 from the prompt's last position, token j from response position j-1
+            return (torch.cat([first.to(args[0].dtype), args[0][:, :-1]], dim=1)[picked], *args[1:])
+
+        handle = self.head.register_forward_pre_hook(pick)
+        try:
+            logits = self.model(input_ids=ids.to(self.device), past_key_values=cache,
+                                attention_mask=torch.cat([self.att[u], att], dim=1),
+                                position_ids=self.lengths[u].unsqueeze(1) + torch.arange(R, device=self.device),
+                                use_cache=True).logits
+        finally:
+            handle.remove()
+        if logits.dim() != 2 or logits.size(0) != int(picked.sum()):
+            raise RuntimeError(f"{type(self.head).__name__}'s output gave logits of shape {tuple(logits.shape)} for "
+                               f"{int(picked.sum())} picked positions: the model reshapes the head's output, which "
+                               f"SharedPrompts cannot pick from (train.share_prompts=false)")
+        return logits
+
+    def closing(self) -> torch.Tensor | float:
+        """For the last micro-batch's loss: Σ live · (gradient accumulated at the detached copies), minus its own
+        value.  0 elsewhere."""
+        if self.done < self.calls or not self.leaves:
+            return 0.0
+        terms = [(t * leaf.grad).sum() for t, leaf in zip(self.live, self.leaves) if leaf.grad is not None]
+        if not terms:
+            return 0.0
+        total = torch.stack(terms).sum()
+        return total - total.detach()

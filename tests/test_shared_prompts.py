@@ -1,0 +1,154 @@
+"""train.share_prompts: an optimizer step's distinct prompts run through the model once, and its micro-batches
+run their responses only, attending to the prompt pass's keys and values.  The logits and the gradient must be
+those of padded batches that run every sample's prompt."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, MistralConfig
+
+from hpc_rlhf.models.tiny import build_tiny_model
+from hpc_rlhf.roles.experience import Experience, collate, response_logits, response_logprobs
+from hpc_rlhf.roles.shared_prompts import SharedPrompts, supports
+from hpc_rlhf.roles.training import micro_batches, optimizer_steps
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    # 4 query heads on 2 key/value heads: the gathered cache goes through grouped-query attention
+    path = build_tiny_model(tmp_path_factory.mktemp("shared_prompts"), hidden_size=32, num_layers=2, num_heads=4,
+                            num_kv_heads=2, max_position_embeddings=64)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def group_samples(responses=(3, 0, 9, 4, 1, 7, 0, 5, 2)) -> list[Experience]:
+    """Sample i has prompt i % 3 (prompts of 5, 2 and 7 tokens) and a response of ``responses[i]`` tokens;
+    sample 2 has two feedback tokens (action mask 0), which carry no loss."""
+    g = random.Random(0)
+    prompts = [[g.randrange(3, 250) for _ in range(n)] for n in (5, 2, 7)]
+    out = []
+    for i, r in enumerate(responses):
+        out.append(Experience(i % 3, i // 3, list(prompts[i % 3]), [g.randrange(3, 250) for _ in range(r)],
+                              [0.0] * r, "stop", "", "", None))
+    out[2].action_mask = [1, 1, 0, 0, 1, 1, 1, 1, 1]
+    return out
+
+
+def test_each_distinct_prompt_runs_once_and_the_logits_are_the_padded_batches(tiny):
+    """Nine samples of three prompts in micro-batches of 4, 3 and 2 rows: the embedding sees the 3 prompts once
+    (3 x 7 positions) and then each micro-batch's responses only (B x its longest response); the logits equal
+    ``response_logits`` of the padded batches, which run 9 prompts in 9 x (prompt + response) positions."""
+    xs = group_samples()
+    parts = [xs[:4], xs[4:7], xs[7:]]
+    seen = []
+    hook = tiny.model.embed_tokens.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    shared = SharedPrompts(tiny, xs, len(parts), 0, "cpu")
+    got = [shared.logits(part, collate(part, 0)) for part in parts]
+    assert seen == [(3, 7), (4, 9), (3, 7), (2, 5)] and shared.distinct == 3
+    seen.clear()
+    want = [response_logits(tiny, collate(part, 0)) for part in parts]
+    assert seen == [(4, 16), (3, 14), (2, 9)]
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert got[0].shape[0] == 3 + 0 + 7 + 4  # sample 2's two feedback tokens are not picked
+
+
+def _grads(model, steps):
+    model.zero_grad()
+    loss = 0.0
+    for part, batch, logits, extra in steps():
+        lp = response_logprobs(logits, batch)
+        weights = torch.arange(1.0, lp.size(1) + 1) / 10  # a loss that weighs positions differently
+        total = (lp * weights).sum()
+        (total + extra()).backward()
+        loss += float(total.detach())
+    return loss, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("closing", [True, False])
+def test_the_gradient_over_micro_batches_is_the_padded_batches(tiny, closing):
+    """Micro-batches cut by response length (12 | 9, 7 | ... ; the last holds the two empty responses and
+    nothing to pick): one backward per micro-batch, the last adding the closing term, gives the gradient of the
+    padded batches.  Without the closing term the prompt pass gets only the last micro-batch's share of the
+    gradient, and the gradient differs: the term is what carries the others through the prompt pass."""
+    xs = group_samples()
+    [step] = optimizer_steps(xs, 9, 3, 1, 0, 0, "cpu", 0, responses_only=True)
+    assert [[len(s.response_ids) for s in part] for part, _ in step] == [[9, 7, 5], [4, 3, 2], [1, 0, 0]]
+
+    def padded_steps():
+        for part, batch in step:
+            yield part, batch, response_logits(tiny, collate(part, 0)), lambda: 0.0
+
+    def shared_steps():
+        shared = SharedPrompts(tiny, xs, len(step), 0, "cpu")
+        for part, batch in step:
+            yield part, batch, shared.logits(part, batch), (shared.closing if closing else lambda: 0.0)
+    want_loss, want = _grads(tiny, padded_steps)
+    got_loss, got = _grads(tiny, shared_steps)
+    assert got_loss == pytest.approx(want_loss, rel=1e-5)
+    if closing:
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    else:
+        assert max(float((a - b).abs().max()) for a, b in zip(got, want)) > 1e-3
+
+
+def test_micro_batches_cut_by_response_length_where_prompts_run_apart():
+    """Responses 12, 9, 7, 4, 3, 2, 1, 0 (prompts of 2-6 tokens, which no longer pad anything), at most 4 rows
+    and 4 positions' overhead a micro-batch: (12 | 9, 7 | 4, 3 | 2, 1, 0) costs 12 + 18 + 8 + 6 + 4 x 4 = 60,
+    tied with (12 | 9, 7 | 4, 3, 2 | 1, 0) (the longer last run wins); two runs of four cost 48 + 12 + 8 = 68."""
+    shapes = [(5, 1), (2, 9), (4, 4), (3, 12), (6, 2), (2, 3), (5, 7), (3, 0)]
+    xs = [Experience(i, 0, [7] * p, [9] * r, [0.0] * r, "stop", "", "", None) for i, (p, r) in enumerate(shapes)]
+    assert [[len(s.response_ids) for s in m] for m in micro_batches(xs, 4, 0, responses_only=True)] == \
+        [[12, 9, 7, 4], [3, 2, 1, 0]]
+    assert [[len(s.response_ids) for s in m] for m in micro_batches(xs, 4, 4, responses_only=True)] == \
+        [[12], [9, 7], [4, 3], [2, 1, 0]]
+
+
+def test_which_models_share_their_prompts(tiny):
+    assert supports(tiny) is None
+    sliding = AutoModelForCausalLM.from_config(MistralConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, sliding_window=4))
+    assert "other than full attention" in supports(sliding)
+    tiny.activation_checkpointing_enable()
+    try:
+        assert "gradient checkpointing" in supports(tiny)
+    finally:
+        tiny.activation_checkpointing_disable()
+    assert "no output head" in supports(torch.nn.Linear(2, 2))
+
+
+def test_an_empty_prompt_is_named():
+    xs = group_samples()
+    xs[4].prompt_ids = []
+    with pytest.raises(ValueError, match=r"sample \(prompt 1, sample 1\) has an empty prompt"):
+        SharedPrompts(torch.nn.Linear(2, 2), xs, 1, 0, "cpu")
+
+
+def test_per_sample_log_probs_share_one_prompt_pass(tiny):
+    """The reference's and the actor's old log-probs (no gradient): one prompt pass for the call, then
+    micro-batches of 4 responses cut longest first (9, 7, 5, 4 | 3, 2, 1, 0 | 0), the same log-probs per sample
+    as without sharing; samples whose prompts all differ run as before."""
+    from hpc_rlhf.roles.shared_prompts import logprobs_per_sample
+    xs = group_samples()
+    seen = []
+    hook = tiny.model.embed_tokens.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    got = logprobs_per_sample(tiny, xs, 4, 0, "cpu", 1.0, share=True)
+    assert seen == [(3, 7), (4, 9), (4, 3), (1, 1)]
+    seen.clear()
+    want = logprobs_per_sample(tiny, xs, 4, 0, "cpu", 1.0, share=False)
+    assert seen == [(4, 16), (4, 8), (1, 2)]  # prompt + response: 16, 14, 9, 9 | 8, 7, 5, 3 | 2
+    hook.remove()
+    assert [len(r) for r in got] == [len(s.response_ids) for s in xs]
+    for a, b in zip(got, want):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert got[2][2:4] == [0.0, 0.0]  # feedback tokens
+    seen.clear()
+    hook = tiny.model.embed_tokens.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    logprobs_per_sample(tiny, xs[:3], 4, 0, "cpu", 1.0, share=True)
+    hook.remove()
+    assert seen == [(3, 16)]
