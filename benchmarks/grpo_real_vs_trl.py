@@ -6,7 +6,8 @@ training split, prompts rendered with the model's chat template, rewarded by hpc
 ``--samples`` samples per step (8 × 8), up to ``--max-new-tokens`` (256) new tokens at temperature 1, no
 reference model (beta 0), one optimizer step per batch (at most ``--micro-batch`` rows per forward/backward,
 the rest accumulated, on both sides; hpc_rlhf cuts them where padding costs more than
-``--micro-batch-overhead`` positions), fp32 (``--dtype bf16``: bf16), the same learning rate.  Sides (``--sides``):
+``--micro-batch-overhead`` positions, and runs each distinct prompt once per optimizer step,
+``train.share_prompts``; ``--no-share-prompts``: every sample runs its prompt, as TRL does), fp32 (``--dtype bf16``: bf16), the same learning rate.  Sides (``--sides``):
 
   trl             TRL's GRPOTrainer in its best CPU configuration: transformers ``generate`` of the whole
                   generation batch at once (steps_per_generation = gradient_accumulation_steps, so no extra
@@ -251,6 +252,7 @@ def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_
            "algo": {"advantage_estimator": "group_norm", "init_kl_coef": 0.0},
            "train": {"train_batch_size": n, "micro_train_batch_size": args.micro_batch,
                      "micro_batch_overhead_tokens": args.micro_batch_overhead,
+                     "share_prompts": not args.no_share_prompts,
                      "actor_learning_rate": args.lr, "max_steps": args.steps, "zero_stage": 0, "seed": args.seed,
                      "async_train": asynchronous},
            "placement": {"colocate_actor_reward": True} if asynchronous else {"colocate_all": True},
@@ -576,6 +578,8 @@ def parse_args(argv=None):
                     help="hpc_rlhf's train.micro_batch_overhead_tokens: micro-batches of at most --micro-batch rows, "
                          "cut where padding costs more than this many positions (default 64; 0: --micro-batch rows "
                          "each, as TRL cuts them)")
+    ap.add_argument("--no-share-prompts", action="store_true",
+                    help="hpc_rlhf with train.share_prompts=false: each sample runs its own prompt through the actor")
     ap.add_argument("--lr", type=float, default=1e-6, help="learning rate, both sides (default 1e-6)")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                     help="dtype of every side's model (bf16: hpc_rlhf's param_dtype with fp32 master weights in "
@@ -711,6 +715,7 @@ def main(argv=None) -> None:
               "config": {"prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
                          "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
                          "micro_batch": args.micro_batch, "micro_batch_overhead": args.micro_batch_overhead,
+                         "share_prompts": not args.no_share_prompts,
                          "lr": args.lr, "dtype": args.dtype, "device": args.device,
                          "random_init": args.random_init,
                          "trl_generation": args.trl_generation, "async_engine": args.async_engine,

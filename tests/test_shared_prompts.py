@@ -152,3 +152,13 @@ def test_per_sample_log_probs_share_one_prompt_pass(tiny):
     logprobs_per_sample(tiny, xs[:3], 4, 0, "cpu", 1.0, share=True)
     hook.remove()
     assert seen == [(3, 16)]
+
+
+def test_the_actor_shares_only_where_the_prompt_pass_fits_a_micro_batch():
+    """Nine samples of three prompts: repeated; with micro-batches of 2 rows the three prompts' pass, which lives
+    until the optimizer step's last backward, would outweigh a micro-batch of whole samples; all distinct: no
+    repeat to share."""
+    from hpc_rlhf.roles.shared_prompts import repeats
+    xs = group_samples()
+    assert repeats(xs) and repeats(xs, 3) and not repeats(xs, 2)
+    assert not repeats(xs[:3]) and not repeats(xs[:3], 16)

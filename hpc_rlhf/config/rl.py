@@ -221,10 +221,12 @@ class RLTrainConfig(OptimizerConfig):
                       "gradient; 64 suits SmolLM2-135M on a CPU: docs/performance.md)")
     max_epochs: int = field(1, ge=1, help="optimisation passes over each step's samples")
     share_prompts: bool = field(
-        True, help="the actor runs each distinct prompt of an optimizer step once and its samples' responses "
-                   "attend to its keys and values: the same gradient, a prompt's positions once instead of once "
-                   "per sample (docs/performance.md); where the model cannot (layers other than full attention, "
-                   "gradient checkpointing, ZeRO-3) every sample runs its prompt, as with false")
+        True, help="the actor (per optimizer step) and the reference run each distinct prompt once, and its "
+                   "samples' responses attend to its keys and values: the same log-probs and gradient, a prompt's "
+                   "positions once instead of once per sample (docs/performance.md); the actor only where a step "
+                   "holds at most micro_train_batch_size distinct prompts (their pass lives until the optimizer "
+                   "step's last backward); where the model cannot (layers other than full attention, gradient "
+                   "checkpointing, ZeRO-3) every sample runs its prompt, as with false")
     actor_learning_rate: float = field(1e-6, gt=0, help="actor peak learning rate")
     critic_learning_rate: float = field(9e-6, gt=0, help="critic peak learning rate")
     freezing_actor_steps: int = field(0, ge=0, help="critic warm-up: RL steps during which only the critic trains")

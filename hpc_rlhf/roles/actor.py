@@ -66,7 +66,7 @@ class Actor:
         per_rank = t.train_batch_size // self.world_size
         history = []
         self._mismatch_max = 0.0
-        share = self.share_prompts and repeats(samples)
+        share = self.share_prompts and repeats(samples, t.micro_train_batch_size)
         for micro in optimizer_steps(samples, per_rank, t.micro_train_batch_size, t.max_epochs,
                                      t.seed + step, self.pad_id, self.device, t.micro_batch_overhead_tokens, share):
             self._shared = (SharedPrompts(self.engine, [s for part, _ in micro for s in part], len(micro), self.pad_id,

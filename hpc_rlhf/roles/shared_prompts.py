@@ -16,6 +16,7 @@ backward carries the prompt pass's whole gradient through the prompt pass once. 
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from .experience import Experience, RLBatch, response_logits, response_logprobs
 from .training import per_sample
@@ -51,9 +52,13 @@ def sharing(model: torch.nn.Module, enabled: bool, role: str, zero_stage: int = 
     return enabled and why is None
 
 
-def repeats(samples: list[Experience]) -> bool:
-    """Whether some prompt has more than one sample here (else sharing saves nothing)."""
-    return len({tuple(s.prompt_ids) for s in samples}) < len(samples)
+def repeats(samples: list[Experience], at_most: int | None = None) -> bool:
+    """Whether some prompt has more than one sample here (else sharing saves nothing), and, with ``at_most``,
+    there are at most that many distinct prompts.  In training the prompt pass keeps its activations until the
+    optimizer step's last backward: with at most ``micro_train_batch_size`` prompts beside a micro-batch of
+    responses they take no more than a micro-batch of whole samples, which is what ``hpc-rlhf plan`` counts."""
+    distinct = len({tuple(s.prompt_ids) for s in samples})
+    return distinct < len(samples) and (at_most is None or distinct <= at_most)
 
 
 def logprobs_per_sample(model: torch.nn.Module, samples: list[Experience], micro: int, pad_id: int, device,
@@ -120,7 +125,6 @@ class SharedPrompts:
 
     def logits(self, samples: list[Experience], batch: RLBatch) -> torch.Tensor:
         """The logits [N, V] that predict ``batch``'s picked response tokens (as ``response_logits`` gives)."""
-        from transformers import DynamicCache
         if self.live is None:
             self._prompt_pass()
         self.done += 1
