@@ -9,7 +9,12 @@ tokens goes backward (no optimizer step: it changes nothing in the passes' cost)
 without the profiler and once with it.  The operators' self time is grouped: matrix products, attention,
 the output head's log-softmax and gathers over the vocabulary, everything else.  One JSON line last.
 
+``--alternate K`` compares instead, without the profiler: K rounds of the passes as padded batches (each sample
+runs its prompt) and with ``train.share_prompts`` (``SharedPrompts``: each distinct prompt once), one after
+the other on the same samples and model, with the largest difference of their gradients.
+
     .venv/bin/python benchmarks/profile_training.py     # SmolLM2-135M, 8 x 8 x 256: about 4 minutes
+    .venv/bin/python benchmarks/profile_training.py --overhead 64 --alternate 3    # about 6 minutes
 """
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--share-prompts", action="store_true",
                     help="train.share_prompts: each distinct prompt runs once (SharedPrompts), micro-batches cut "
                          "by response length")
+    ap.add_argument("--alternate", type=int, default=0, metavar="K",
+                    help="K rounds of padded and shared passes, alternating, instead of the profile")
     ap.add_argument("--compile-layers", action="store_true",
                     help="torch.compile each decoder layer (dynamic shapes) and time one warm-up pass first")
     args = ap.parse_args(argv)
@@ -55,14 +62,17 @@ def main(argv=None) -> int:
                for i, (p, c) in enumerate(zip(flat, out))]
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.train()
-    [micro_batches] = optimizer_steps(samples, len(samples), args.micro, 1, 0, tok.pad_token_id or 0, "cpu",
-                                     args.overhead, args.share_prompts)
+    pad = tok.pad_token_id or 0
     tokens = sum(len(s.response_ids) for s in samples)
 
-    def passes() -> dict[str, float]:
+    def cut(share: bool):
+        [micro_batches] = optimizer_steps(samples, len(samples), args.micro, 1, 0, pad, "cpu", args.overhead, share)
+        return micro_batches
+
+    def passes(share: bool = args.share_prompts) -> dict[str, float]:
+        micro_batches = cut(share)
         sec = {"forward_s": 0.0, "backward_s": 0.0}
-        shared = (SharedPrompts(model, samples, len(micro_batches), tok.pad_token_id or 0, "cpu")
-                  if args.share_prompts else None)
+        shared = SharedPrompts(model, samples, len(micro_batches), pad, "cpu") if share else None
         for part, batch in micro_batches:
             t0 = time.perf_counter()
             logits = shared.logits(part, batch) if shared else response_logits(model, batch)
@@ -75,9 +85,33 @@ def main(argv=None) -> int:
             loss.backward()
             sec["forward_s"] += t1 - t0
             sec["backward_s"] += time.perf_counter() - t1
+        sec["grads"] = [p.grad.clone() for p in model.parameters()]
         model.zero_grad(set_to_none=True)
         return sec
 
+    def positions(share: bool) -> int:
+        batches = cut(share)
+        if not share:
+            return sum(int(b.input_ids.numel()) for _, b in batches)
+        return (sum(int(b.mask.numel()) for _, b in batches) +
+                len({tuple(s.prompt_ids) for s in samples}) * max(len(s.prompt_ids) for s in samples))
+
+    common = {"lengths": sorted((len(s.prompt_ids) + len(s.response_ids) for s in samples), reverse=True),
+              "response_tokens": tokens, "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
+              "overhead": args.overhead}
+    if args.alternate:
+        rounds, diff = [], 0.0
+        for _ in range(args.alternate):
+            padded, shared = passes(False), passes(True)
+            diff = max([diff] + [float((a - b).abs().max()) for a, b in zip(padded.pop("grads"), shared.pop("grads"))])
+            rounds.append({"padded": padded, "shared": shared})
+            print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
+        total = {k: sorted(sum(r[k].values()) for r in rounds)[len(rounds) // 2] for k in ("padded", "shared")}
+        print(json.dumps(common | {
+            "positions": {"padded": positions(False), "shared": positions(True)},
+            "micro_batches": {"padded": [len(m) for m, _ in cut(False)], "shared": [len(m) for m, _ in cut(True)]},
+            "rounds": rounds, "median_s": total, "max_abs_grad_diff": diff}))
+        return 0
     warmup_s = None
     if args.compile_layers:
         for layer in model.model.layers:
@@ -88,14 +122,11 @@ def main(argv=None) -> int:
     plain = passes()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         profiled = passes()
-    positions = (sum(int(b.mask.numel()) for _, b in micro_batches) +
-                 len({tuple(s.prompt_ids) for s in samples}) * max(len(s.prompt_ids) for s in samples)
-                 if args.share_prompts else sum(int(b.input_ids.numel()) for _, b in micro_batches))
-    result = {"lengths": sorted((len(s.prompt_ids) + len(s.response_ids) for s in samples), reverse=True),
-              "response_tokens": tokens, "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
-              "padded_positions": positions, "micro_batches": [len(m) for m, _ in micro_batches],
-              "overhead": args.overhead, "share_prompts": args.share_prompts, "compile_layers": args.compile_layers,
-              "warmup_s": warmup_s, "plain": plain, "profiled": profiled, **self_time(prof, GROUPS, 16)}
+    del plain["grads"], profiled["grads"]
+    result = common | {"padded_positions": positions(args.share_prompts),
+                       "micro_batches": [len(m) for m, _ in cut(args.share_prompts)],
+                       "share_prompts": args.share_prompts, "compile_layers": args.compile_layers,
+                       "warmup_s": warmup_s, "plain": plain, "profiled": profiled, **self_time(prof, GROUPS, 16)}
     print(json.dumps(result))
     return 0
 
