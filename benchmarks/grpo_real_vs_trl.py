@@ -7,7 +7,8 @@ training split, prompts rendered with the model's chat template, rewarded by hpc
 reference model (beta 0), one optimizer step per batch (at most ``--micro-batch`` rows per forward/backward,
 the rest accumulated, on both sides; hpc_rlhf cuts them where padding costs more than
 ``--micro-batch-overhead`` positions, and runs each distinct prompt once per optimizer step,
-``train.share_prompts``; ``--no-share-prompts``: every sample runs its prompt, as TRL does), fp32 (``--dtype bf16``: bf16), the same learning rate.  Sides (``--sides``):
+``train.share_prompts``; ``--no-share-prompts``: every sample runs its prompt, as TRL does), fp32
+(``--dtype bf16``: bf16), the same learning rate.  Sides (``--sides``):
 
   trl             TRL's GRPOTrainer in its best CPU configuration: transformers ``generate`` of the whole
                   generation batch at once (steps_per_generation = gradient_accumulation_steps, so no extra

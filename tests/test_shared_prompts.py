@@ -50,6 +50,7 @@ def test_each_distinct_prompt_runs_once_and_the_logits_are_the_padded_batches(ti
     seen.clear()
     want = [response_logits(tiny, collate(part, 0)) for part in parts]
     assert seen == [(4, 16), (3, 14), (2, 9)]
+    hook.remove()
     for a, b in zip(got, want):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
@@ -59,7 +60,7 @@ def test_each_distinct_prompt_runs_once_and_the_logits_are_the_padded_batches(ti
 def _grads(model, steps):
     model.zero_grad()
     loss = 0.0
-    for part, batch, logits, extra in steps():
+    for _part, batch, logits, extra in steps():
         lp = response_logprobs(logits, batch)
         weights = torch.arange(1.0, lp.size(1) + 1) / 10  # a loss that weighs positions differently
         total = (lp * weights).sum()

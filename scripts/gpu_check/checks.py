@@ -252,6 +252,59 @@ def engine_cpu_cuda(ctx: Context, timeout_s: float, devices: tuple[str, str] = (
     return figures
 
 
+SHARED_LOGIT_TOL, SHARED_GRAD_TOL = 1e-4, 1e-4  # fp32; the kernels sum in other orders for the two shapes
+
+
+def shared_prompts_cuda(ctx: Context, timeout_s: float, device: str = "cuda") -> dict:
+    """``train.share_prompts`` on the GPU: 16 samples of 4 prompts (GQA tiny llama, fp32), micro-batches of 4
+    rows cut by response length; the prompt pass once and the responses attending to its cache give the logits
+    and the gradient of padded batches.  (``device``: the tests run it on the CPU.)"""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hpc_rlhf.models.tiny import build_tiny_model
+    from hpc_rlhf.roles.experience import Experience, response_logits, response_logprobs
+    from hpc_rlhf.roles.shared_prompts import SharedPrompts
+    from hpc_rlhf.roles.training import optimizer_steps
+
+    path = build_tiny_model(ctx.work / "shared_prompts_model", hidden_size=128, num_layers=2, num_heads=4,
+                            num_kv_heads=2, max_position_embeddings=128, seed=2)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    g = random.Random(0)
+    prompts = [[g.randrange(3, 250) for _ in range(n)] for n in (9, 3, 14, 6)]
+    samples = []
+    for i in range(16):
+        response = [g.randrange(3, 250) for _ in range(g.randrange(0, 20))]
+        samples.append(Experience(i % 4, i // 4, list(prompts[i % 4]), response, [0.0] * len(response), "stop",
+                                  "", "", None))
+    [step] = optimizer_steps(samples, 16, 4, 1, 0, 0, device, 0, responses_only=True)
+
+    def run(share: bool):
+        model.zero_grad(set_to_none=True)
+        shared = SharedPrompts(model, samples, len(step), 0, device) if share else None
+        logits = []
+        t0 = time.time()
+        for part, batch in step:
+            out = shared.logits(part, batch) if shared else response_logits(model, batch)
+            (response_logprobs(out, batch).sum() + (shared.closing() if shared else 0.0)).backward()
+            logits.append(out.detach())
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return logits, [p.grad.detach().clone() for p in model.parameters()], round(time.time() - t0, 4)
+    padded, shared = run(False), run(True)
+    logit_diff = max(float((a - b).abs().max()) for a, b in zip(padded[0], shared[0]) if a.numel())
+    grad_diff = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-30)) for a, b in zip(padded[1], shared[1]))
+    figures = {"device": device, "samples": len(samples), "micro_batches": len(step),
+               "logit_max_abs_diff": logit_diff, "grad_max_rel_diff": grad_diff, "seconds": [padded[2], shared[2]]}
+    expect(logit_diff <= SHARED_LOGIT_TOL, f"shared prompts' logits differ by {logit_diff} (> {SHARED_LOGIT_TOL})",
+           figures)
+    expect(grad_diff <= SHARED_GRAD_TOL, f"shared prompts' gradient differs by {grad_diff} relative "
+                                         f"(> {SHARED_GRAD_TOL})", figures)
+    return figures
+
+
 BRIDGE_PLACEMENT = {"actor_num_ranks": 1, "rollout_num_ranks": 1, "colocate_actor_reward": True}
 
 

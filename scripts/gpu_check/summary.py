@@ -12,6 +12,8 @@ CHECKS = {
     "grpo_colocated_hf": "train rl (GRPO), every role colocated on one GPU, transformers engine",
     "engine_cpu_cuda": "the transformers engine samples the same tokens on CUDA as on the CPU with the same seeds "
                        "(fp32, grouped-query attention)",
+    "shared_prompts_cuda": "train.share_prompts on CUDA: the prompt pass once and the responses attending to its "
+                           "cache give the logits and gradient of padded batches (fp32)",
     "grpo_colocated_vllm": "train rl (GRPO), every role colocated, vLLM on CUDA: sleep/wake, in-process weight "
                            "load, checksums after every sync, log-prob and greedy parity with the trainer",
     "sft_two_ranks_nccl": "train sft on 2 ranks (2 GPUs) over NCCL",
@@ -40,7 +42,7 @@ def not_covered(name: str, why: str) -> Result:
 
 def plan(gpus: int, vllm_installed: bool) -> tuple[list[str], list[Result]]:
     """The checks a machine with ``gpus`` CUDA devices runs, and what it cannot cover (with why)."""
-    runs = ["collectives", "sft_zero3_bf16_resume", "grpo_colocated_hf", "engine_cpu_cuda"]
+    runs = ["collectives", "sft_zero3_bf16_resume", "grpo_colocated_hf", "engine_cpu_cuda", "shared_prompts_cuda"]
     left_out = []
     if vllm_installed:
         runs.append("grpo_colocated_vllm")
