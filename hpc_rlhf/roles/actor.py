@@ -1,6 +1,8 @@
 """The actor: the policy under training.  Old log-probs in the score phase, PPO-style updates in train."""
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from ..algorithms.mismatch import mismatch_metrics
@@ -16,7 +18,6 @@ from .training import combine, optimizer_steps, run_optimizer_step
 
 class Actor:
     _mismatch_max = 0.0  # largest |trainer − engine| log-prob difference of the current train() call
-    _shared: SharedPrompts | None = None  # the current optimizer step's prompt pass (train.share_prompts)
 
     def __init__(self, cfg: RLConfig, algo: RLAlgorithm, total_optimizer_steps: int, world_size: int, pad_id: int,
                  device):
@@ -37,8 +38,8 @@ class Actor:
         return logprobs_per_sample(self.engine, samples, self.cfg.train.micro_train_batch_size, self.pad_id,
                                    self.device, self.temperature, self.share_prompts)
 
-    def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm):
-        logits = self._shared.logits(samples, batch) if self._shared else self._logits(batch)
+    def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm, shared: SharedPrompts | None = None):
+        logits = shared.logits(samples, batch) if shared else self._logits(batch)
         logp = response_logprobs(logits, batch, self.temperature)
         R = batch.mask.size(1)
         # without an old-policy pass the samples come from exactly these weights (one update per step)
@@ -59,7 +60,7 @@ class Actor:
         self._mismatch_max = max(self._mismatch_max, float(mm["mismatch/max_abs_diff"]))
         metrics.update(mm)
         loss = self.algo.actor_loss(token_loss, batch.mask, norm)
-        return (loss + self._shared.closing() if self._shared else loss), metrics
+        return (loss + shared.closing() if shared else loss), metrics
 
     def train(self, samples: list[Experience], step: int) -> dict[str, float]:
         t = self.cfg.train
@@ -69,11 +70,10 @@ class Actor:
         share = self.share_prompts and repeats(samples, t.micro_train_batch_size)
         for micro in optimizer_steps(samples, per_rank, t.micro_train_batch_size, t.max_epochs,
                                      t.seed + step, self.pad_id, self.device, t.micro_batch_overhead_tokens, share):
-            self._shared = (SharedPrompts(self.engine, [s for part, _ in micro for s in part], len(micro), self.pad_id,
-                                          self.device) if share else None)
-            history.append(run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size,
-                                              float(self.cfg.max_action_tokens())))
-        self._shared = None
+            shared = (SharedPrompts(self.engine, [s for part, _ in micro for s in part], len(micro), self.pad_id,
+                                    self.device) if share else None)
+            history.append(run_optimizer_step(self.engine, micro, partial(self._micro_loss, shared=shared),
+                                              self.world_size, float(self.cfg.max_action_tokens())))
         out = {f"actor/{k}": v for k, v in combine(history).items()}
         out["actor/mismatch/max_abs_diff"] = self._mismatch_max  # a max over the call, not a mean of maxima
         out["actor/lr"] = self.engine.get_lr()[0]
