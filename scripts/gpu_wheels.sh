@@ -19,6 +19,7 @@ WHEELS=(
   submitit==1.5.4                                                          # cloudpickle is there
   hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   typing-extensions==4.16.0                                                # deepspeed's deps; pydantic wants >=4.16
+  transformers==5.23.0                 # the version the tests run with here (the image's 5.17 predates it)
 )
 DEEPSPEED=deepspeed==0.19.8
 
