@@ -42,7 +42,7 @@ def test_an_unknown_check_name_is_refused_by_name():
 def test_one_gpu_runs_the_gloo_bridge_and_says_nccl_across_processes_was_not_covered():
     ran, left_out = summary.plan(gpus=1, vllm_installed=False)
     assert ran == ["collectives", "sft_zero3_bf16_resume", "grpo_colocated_hf", "engine_cpu_cuda",
-                   "shared_prompts_cuda", "grpo_bridge_gloo", "deepspeed_no_jit"]
+                   "engine_cuda_graphs", "shared_prompts_cuda", "grpo_bridge_gloo", "deepspeed_no_jit"]
     why = {r.name: r.reason for r in left_out}
     assert set(why) == {"NCCL across processes", "grpo_colocated_vllm", "sft_two_ranks_nccl", "grpo_bridge_nccl"}
     assert why["grpo_colocated_vllm"] == "vllm not installed (not importable)"
@@ -53,8 +53,8 @@ def test_one_gpu_runs_the_gloo_bridge_and_says_nccl_across_processes_was_not_cov
 def test_two_gpus_run_everything_over_nccl():
     ran, left_out = summary.plan(gpus=2, vllm_installed=True)
     assert ran == ["collectives", "sft_zero3_bf16_resume", "grpo_colocated_hf", "engine_cpu_cuda",
-                   "shared_prompts_cuda", "grpo_colocated_vllm", "sft_two_ranks_nccl", "grpo_bridge_nccl",
-                   "deepspeed_no_jit"]
+                   "engine_cuda_graphs", "shared_prompts_cuda", "grpo_colocated_vllm", "sft_two_ranks_nccl",
+                   "grpo_bridge_nccl", "deepspeed_no_jit"]
     assert left_out == []
 
 
@@ -157,8 +157,8 @@ def test_on_a_one_gpu_machine_main_runs_the_plan_prints_one_line_and_fails_when_
     out = json.loads(lines[0])
     assert out == json.loads((tmp_path / "summary.json").read_text())
     assert out["ok"] is False and out["failed"] == ["sft_zero3_bf16_resume"]
-    assert out["passed"] == ["collectives", "grpo_colocated_hf", "engine_cpu_cuda", "shared_prompts_cuda",
-                             "grpo_bridge_gloo", "deepspeed_no_jit"]
+    assert out["passed"] == ["collectives", "grpo_colocated_hf", "engine_cpu_cuda", "engine_cuda_graphs",
+                             "shared_prompts_cuda", "grpo_bridge_gloo", "deepspeed_no_jit"]
     assert out["results"]["collectives"]["figures"] == {"gpus": 1}
     assert {n["what"] for n in out["not_covered"]} == {"grpo_colocated_vllm", "NCCL across processes",
                                                        "sft_two_ranks_nccl", "grpo_bridge_nccl"}
@@ -171,6 +171,15 @@ def test_the_engine_check_on_the_cpu_twice_finds_the_same_samples(tmp_path):
     got = checks.engine_cpu_cuda(checks.Context(tmp_path, {}, 0), 60, devices=("cpu", "cpu"))
     assert got["rows"] == got["rows_equal"] == 16 and got["logprob_max_abs_diff"] == 0.0
     assert got["finish_reasons"] == ["length", "stop"], got
+
+
+def test_the_cuda_graphs_check_on_the_cpu_runs_both_engines(tmp_path):
+    """engine_cuda_graphs's code path on the CPU, where neither engine captures a graph: both sample every row
+    alike and are timed."""
+    got = checks.engine_cuda_graphs(checks.Context(tmp_path, {}, 0), 60, device="cpu")
+    assert got["engines"] == ["launched", "graphs"] and got["cuda_graphs"] == [False, False], got
+    assert got["rows"] == got["rows_equal"] == 16 and got["logprob_max_abs_diff"] == 0.0
+    assert len(got["generate_s"]) == 2
 
 
 def test_the_shared_prompts_check_on_the_cpu_compares_every_micro_batch(tmp_path):

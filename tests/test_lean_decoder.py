@@ -37,6 +37,47 @@ def test_lean_logits_match_transformers(tmp_path, arch):
             got = lean.forward(nxt[:, None], next_pos, torch.ones((3, 1), dtype=torch.bool))
 
 
+def test_fixed_shape_step_is_the_decode_forward(tmp_path, monkeypatch):
+    """``step_at`` (what a CUDA graph replays: one token per row at a cache slot given as a tensor, attending over
+    the whole cache) gives the logits of ``forward`` step after step, after a prefill of padded rows expanded to
+    their samples by ``select_rows``; run twice at one slot with the same inputs (the graph's warm-up, then its
+    first replay) it leaves the cache as one run does."""
+    from transformers import AutoModelForCausalLM
+
+    from hpc_rlhf.models.tiny import build_tiny_model
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(
+        tmp_path / "m", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, max_position_embeddings=64,
+        seed=4)).eval()
+    prompts, width, steps = [[5, 6, 7, 8, 9], [11, 12]], 5, 4
+    ids = torch.tensor([[257] * (width - len(p)) + p for p in prompts])
+    valid = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
+    pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    rows = torch.tensor([0, 0, 1, 1, 1])
+    eager, fixed = LeanDecoder(model), LeanDecoder(model)
+    monkeypatch.setattr(fixed, "graphed", lambda device: True)  # select_rows zeroes the slots not yet written
+    with torch.no_grad():
+        for dec in (eager, fixed):
+            dec.start(2, width + steps + 1, torch.float32, torch.device("cpu"))
+            dec.forward(ids, pos, valid)
+            dec.select_rows(rows)
+        for d in (fixed.keys, fixed.values):  # unwritten slots hold zeros, not whatever memory was there
+            assert all(bool((t[:, :, width:] == 0).all()) for t in d)
+        tokens, positions = torch.tensor([[3], [4], [5], [6], [7]]), pos[:, -1:].index_select(0, rows) + 1
+        for step in range(steps):
+            want = eager.forward(tokens, positions, torch.ones_like(tokens, dtype=torch.bool))
+            slot = torch.tensor([fixed.length])
+            got = fixed.step_at(tokens, positions, slot)
+            if step == 0:
+                keys = [t.clone() for t in fixed.keys]
+                again = fixed.step_at(tokens, positions, slot)
+                torch.testing.assert_close(again, got, atol=0, rtol=0)
+                assert all(torch.equal(a, b) for a, b in zip(keys, fixed.keys))
+            fixed.length += 1
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            tokens, positions = want.argmax(-1, keepdim=True), positions + 1
+        assert bool(fixed.key_valid[:, :width + steps].equal(eager.key_valid[:, :width + steps]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_is_the_llama_norm(dtype):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -122,7 +163,8 @@ def test_packed_weights_follow_in_place_changes(tmp_path):
 
 
 def test_rollout_lean_decoder_switch(tmp_path):
-    """rollout.lean_decoder (default on) reaches the engine; false keeps the transformers forward."""
+    """rollout.lean_decoder (default on) reaches the engine; false keeps the transformers forward.  So does
+    rollout.cuda_graphs (default on)."""
     from hpc_rlhf.config import load_config
     from hpc_rlhf.config.pipelines import GenerateConfig
     from hpc_rlhf.config.rl import RLConfig
@@ -133,6 +175,8 @@ def test_rollout_lean_decoder_switch(tmp_path):
     rl = [f"pretrain={path}", "prompt_data=p.jsonl", "reward_func=r.py", "param_dtype=fp32"]
     assert isinstance(rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean, LeanDecoder)
     assert rollout_engine(load_config(RLConfig, None, rl + ["rollout.lean_decoder=false"]), "cpu")._lean is None
+    assert rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean.cuda_graphs
+    assert not rollout_engine(load_config(RLConfig, None, rl + ["rollout.cuda_graphs=false"]), "cpu")._lean.cuda_graphs
     gen = load_config(GenerateConfig, None, [f"pretrain={path}", "prompt_data=p.jsonl", "output_path=o.jsonl",
                                              "lean_decoder=false"]).model
     assert make_engine(gen, gen.pretrain, "fp32", "cpu", 4)._lean is None

@@ -16,6 +16,9 @@ class EngineOptions:
                                           "lean forward, the CPU / small-model path, which keeps packed copies of "
                                           "the linear weights (one more copy of them); false: the transformers "
                                           "forward (other architectures always use it)")
+    cuda_graphs: bool = field(True, help="hf engine with the lean decoder on CUDA: replay each decode step as one CUDA "
+                                         "graph, captured once per batch (finished rows then stay in the batch); "
+                                         "false: launch its kernels one by one")
     vllm_max_model_len: int | None = field(None, ge=1, help="vllm: longest prompt + response (default: the model's)")
     vllm_cpu_kv_cache_gib: int = field(1, ge=1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
     vllm_gpu_memory_utilization: float = field(0.5, gt=0, le=1,

@@ -75,11 +75,12 @@ class HFEngine(RolloutEngine):
     prompt, its seed and the weights, and its random numbers are the same on every device.  A decode step
     waits for the device once (for the rows that finished); tokens and log-probabilities stay on the device
     until the batch is done.  Llama-family models decode through ``LeanDecoder`` (``lean=False`` keeps the
-    transformers forward with its cache).
+    transformers forward with its cache).  On CUDA the lean decoder replays each decode step as a CUDA graph
+    (``cuda_graphs``); finished rows then stay in the batch to its end, as the graph's shapes are fixed.
     """
 
     def __init__(self, model_path_or_module, dtype="fp32", device="cpu", max_batch_size: int = 64,
-                 lean: bool = True):
+                 lean: bool = True, cuda_graphs: bool = True):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
@@ -96,7 +97,7 @@ class HFEngine(RolloutEngine):
             raise ValueError(f"{type(self.model).__name__}.forward takes no position_ids: left-padded "
                              "batches would shift the positions of short prompts")
         self._logits_to_keep = "logits_to_keep" in forward_args
-        self._lean = LeanDecoder(self.model) if lean and lean_supported(self.model) else None
+        self._lean = LeanDecoder(self.model, cuda_graphs) if lean and lean_supported(self.model) else None
         cfg = getattr(self.model, "config", None)
         self.max_positions = None
         for name in ("max_position_embeddings", "n_positions"):
@@ -184,7 +185,8 @@ class HFEngine(RolloutEngine):
             mask = mask.index_select(0, row_of)
         # Batch row r is sample live[r] (a host list; live_dev is the same on the device).  Rows that finish
         # stay in the batch (fed the pad token) until they are a quarter of it; then the batch keeps only the
-        # unfinished rows (early finish: the decode steps after that compute only them).
+        # unfinished rows (early finish: the decode steps after that compute only them), except under a CUDA graph.
+        compact = lean is None or not lean.graphed(dev)
         live = list(range(n))
         live_dev = torch.arange(n, device=dev)
         finished = torch.zeros(n, dtype=torch.bool, device=dev)
@@ -204,7 +206,7 @@ class HFEngine(RolloutEngine):
             done = finished.tolist()  # the step's one wait for the device
             if step + 1 == params.max_new_tokens or all(done):
                 break
-            if 4 * sum(done) >= len(live):
+            if compact and 4 * sum(done) >= len(live):
                 keep = [r for r, d in enumerate(done) if not d]
                 live = [live[r] for r in keep]
                 keep_dev = torch.tensor(keep, device=dev)
@@ -216,8 +218,7 @@ class HFEngine(RolloutEngine):
                     past.reorder_cache(keep_dev)
                     mask = mask.index_select(0, keep_dev)
             if lean is not None:
-                logits = lean.forward(chosen[:, None], next_pos, torch.ones_like(chosen[:, None], dtype=torch.bool))
-                logits = logits.float()
+                logits = lean.decode(chosen[:, None], next_pos).float()
             else:
                 mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=-1)
                 logits, past = self._forward(chosen[:, None], mask, next_pos, past)

@@ -19,6 +19,12 @@ into its query rows (``grouped_attention``): equal head counts, without copying 
 kernel takes a mask with ``enable_gqa`` (flash takes no mask, memory-efficient wants equal heads), so
 PyTorch would fall back to its unfused math path; on the CPU the folded call is also faster at decode
 (docs/performance.md).
+
+On CUDA a decode step launches several hundred small kernels, and launching them from Python takes far longer than
+running them (SmolLM2-135M at batch 64 on an H200: docs/performance.md).  With ``cuda_graphs`` on, ``decode``
+captures the step once per batch as a CUDA graph and replays it: the step writes its keys and values at a cache
+slot held in a device tensor and attends over the whole cache (the slots not yet written are masked out), so
+that its shapes and addresses are the same at every step.
 """
 from __future__ import annotations
 
@@ -87,7 +93,7 @@ def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -
 
 
 class LeanDecoder:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, cuda_graphs: bool = True):
         if not lean_supported(model):
             raise ValueError(f"the lean decoder does not support {type(model).__name__}")
         cfg = model.config
@@ -97,6 +103,8 @@ class LeanDecoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.scale = self.head_dim ** -0.5
         self._packed_key: tuple | None = None
+        self.cuda_graphs = cuda_graphs
+        self._graph: _DecodeGraph | None = None
 
     def _pack(self) -> None:
         """(Re)build the packed weights if any weight of the module changed since they were made."""
@@ -114,6 +122,7 @@ class LeanDecoder:
 
     def start(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
         """Allocate the cache for ``batch`` rows of up to ``capacity`` positions, and the rotary table."""
+        self._graph = None  # it holds the old cache's addresses
         self._pack()
         shape = (batch, self.kv_heads, capacity, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
@@ -130,8 +139,10 @@ class LeanDecoder:
         """Row r of the cache becomes row ``index[r]``: prompts prefilled once serve several samples, and
         finished rows leave the batch.  Only the positions written so far are copied (a forward reads no key
         past the ones it writes), one layer at a time, so the old and new caches never both exist whole."""
-        def pick(t: torch.Tensor) -> torch.Tensor:
-            out = t.new_empty((len(index),) + t.shape[1:])
+        self._graph = None
+
+        def pick(t: torch.Tensor) -> torch.Tensor:  # zeros past the written slots: a graphed step reads them
+            out = (t.new_zeros if self.graphed(t.device) else t.new_empty)((len(index),) + t.shape[1:])
             out[:, :, :self.length] = t[:, :, :self.length].index_select(0, index)
             return out
         for cache in (self.keys, self.values):
@@ -148,12 +159,52 @@ class LeanDecoder:
         allowed |= keys[None, None, :] == slots[None, :, None]  # padded queries see themselves: no empty rows
         return allowed[:, None]
 
+    def graphed(self, device: torch.device) -> bool:
+        """Whether ``decode`` replays CUDA graphs on ``device``."""
+        return self.cuda_graphs and device.type == "cuda"
+
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` [B, T] (``valid`` False on padding) and return the last position's logits [B, V]."""
-        B, T = ids.shape
+        T = ids.shape[1]
         start, end = self.length, self.length + T
         self.key_valid[:, start:end] = valid
-        mask = self._mask(T, start, end, ids.device)
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.keys[i][:, :, start:end] = k
+            self.values[i][:, :, start:end] = v
+            return self.keys[i][:, :, :end], self.values[i][:, :, :end]
+        logits = self._layers(ids, positions, self._mask(T, start, end, ids.device), store)
+        self.length = end
+        return logits
+
+    def step_at(self, ids: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """Append one token per row, ``ids`` [B, 1], at cache slot ``slot`` (a one-element long tensor on the
+        cache's device) and return its logits [B, V], attending over the whole cache with the slots not yet
+        written masked out: the shapes are the batch's and the capacity's at every step, as a graph needs.
+        ``self.length`` is left to the caller."""
+        self.key_valid.index_fill_(1, slot, True)
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.keys[i].index_copy_(2, slot, k)
+            self.values[i].index_copy_(2, slot, v)
+            return self.keys[i], self.values[i]
+        return self._layers(ids, positions, self.key_valid[:, None, None, :], store)
+
+    def decode(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Append one token per row, ``ids`` [B, 1] at ``positions`` [B, 1], and return the logits [B, V]: a
+        replay of this batch's CUDA graph where ``graphed``, else ``forward``."""
+        if not self.graphed(ids.device):
+            return self.forward(ids, positions, torch.ones_like(ids, dtype=torch.bool))
+        if self._graph is None:
+            self._graph = _DecodeGraph(self, ids, positions)
+        logits = self._graph.replay(ids, positions)
+        self.length += 1
+        return logits
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, store) -> torch.Tensor:
+        """The layers over ``ids`` [B, T]; ``store(i, keys, values)`` puts layer i's new keys and values
+        [B, nkv, T, D] in the cache and returns the keys and values to attend to.  The last position's logits."""
+        B, T = ids.shape
         nq, nkv, D = self.heads, self.kv_heads, self.head_dim
         cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, T, 1, D]
         h = self.body.embed_tokens(ids)
@@ -164,13 +215,38 @@ class LeanDecoder:
             qkv = _matmul(x, qkv_w)
             qk = qkv[..., :split].view(B, T, nq + nkv, D)
             qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
-            self.keys[i][:, :, start:end] = qk[:, :, nq:].transpose(1, 2)
-            self.values[i][:, :, start:end] = qkv[..., split:].view(B, T, nkv, D).transpose(1, 2)
-            o = grouped_attention(qk[:, :, :nq].transpose(1, 2), self.keys[i][:, :, :end], self.values[i][:, :, :end],
-                                  mask, self.scale)
+            keys, values = store(i, qk[:, :, nq:].transpose(1, 2), qkv[..., split:].view(B, T, nkv, D).transpose(1, 2))
+            o = grouped_attention(qk[:, :, :nq].transpose(1, 2), keys, values, mask, self.scale)
             h = h + _matmul(o.transpose(1, 2).reshape(B, T, -1), o_w)
             x = _rms(h, layer.post_attention_layernorm)
             gate, up = _matmul(x, gate_up_w).chunk(2, dim=-1)
             h = h + _matmul(F.silu(gate) * up, down_w)
-        self.length = end
         return _matmul(_rms(h[:, -1], self.body.norm), self.head)
+
+
+class _DecodeGraph:
+    """A ``LeanDecoder`` decode step captured as a CUDA graph for one batch and cache: each replay copies the
+    inputs into the graph's own buffers, launches every kernel of the step at once, and moves the graph's cache
+    slot on by one.  Captured at the decoder's current length, with that step's inputs."""
+
+    def __init__(self, dec: LeanDecoder, ids: torch.Tensor, positions: torch.Tensor):
+        device = ids.device
+        self.ids, self.positions = ids.clone(), positions.clone()
+        self.slot = torch.full((1,), dec.length, dtype=torch.long, device=device)
+        # A warm-up outside the graph (lazy initialisation, kernel choices) on a side stream, as capture needs.
+        # It writes the slot that the first replay writes again with the same inputs, so it changes nothing.
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            dec.step_at(self.ids, self.positions, self.slot)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            self.logits = dec.step_at(self.ids, self.positions, self.slot)
+            self.slot.add_(1)
+
+    def replay(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(ids)
+        self.positions.copy_(positions)
+        self.graph.replay()
+        return self.logits.clone()  # the next replay overwrites the graph's own output

@@ -18,6 +18,7 @@ from . import summary
 from .summary import FAILED, PASSED, Result, not_covered
 
 TIMEOUT_S = {"collectives": 120, "sft_zero3_bf16_resume": 300, "grpo_colocated_hf": 240, "engine_cpu_cuda": 90,
+             "engine_cuda_graphs": 60,
              "shared_prompts_cuda": 60,
              "grpo_colocated_vllm": 420,
              "sft_two_ranks_nccl": 180, "grpo_bridge_nccl": 240, "grpo_bridge_gloo": 240, "deepspeed_no_jit": 10}

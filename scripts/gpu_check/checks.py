@@ -215,39 +215,59 @@ ENGINE_LOGPROB_TOL = 1e-3  # fp32: cuBLAS and MKL sum in other orders (the token
 
 
 def engine_cpu_cuda(ctx: Context, timeout_s: float, devices: tuple[str, str] = ("cpu", "cuda")) -> dict:
-    """The transformers engine (its lean decoder, grouped-query attention folded) sampling 16 rows of 4 prompts
-    at temperature 1 on the GPU and on the CPU with the same seeds, fp32: each row draws its uniforms on the
-    host, so the tokens agree wherever the logits agree to float rounding.  (``devices``: the tests run it on
-    the CPU twice.)"""
-    import torch
-
-    from hpc_rlhf.engines.hf_engine import HFEngine
-    from hpc_rlhf.engines.rollout import SamplingParams
+    """The transformers engine (its lean decoder, grouped-query attention folded, its decode steps replayed as CUDA
+    graphs on the GPU) sampling 16 rows of 4 prompts at temperature 1 on the GPU and on the CPU with the same
+    seeds, fp32: each row draws its uniforms on the host, so the tokens agree wherever the logits agree to float
+    rounding.  (``devices``: the tests run it on the CPU twice.)"""
     from hpc_rlhf.models.tiny import build_tiny_model
 
     model = build_tiny_model(ctx.work / "gqa_model", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                              max_position_embeddings=128, seed=1)
+    return same_samples([(device, dict(model=model, device=device)) for device in devices])
+
+
+def engine_cuda_graphs(ctx: Context, timeout_s: float, device: str = "cuda") -> dict:
+    """The lean decoder's decode steps replayed as CUDA graphs sample what its kernels launched one by one sample:
+    16 rows of 4 prompts, 8 layers (GQA), fp32, the same seeds; and the time of each.  (``device``: the tests run
+    it on the CPU, where no graph is captured.)"""
+    from hpc_rlhf.models.tiny import build_tiny_model
+
+    model = build_tiny_model(ctx.work / "gqa_model_8_layers", hidden_size=128, num_layers=8, num_heads=4,
+                             num_kv_heads=2, max_position_embeddings=128, seed=3)
+    return same_samples([("launched", dict(model=model, device=device, cuda_graphs=False)),
+                         ("graphs", dict(model=model, device=device))])
+
+
+def same_samples(engines: list[tuple[str, dict]]) -> dict:
+    """Two ``HFEngine``s (name, its arguments) sample 16 rows of 4 prompts at temperature 1 with the same
+    seeds, after a warm-up each: the same tokens in every row and log-probs within ``ENGINE_LOGPROB_TOL``."""
+    import torch
+
+    from hpc_rlhf.engines.hf_engine import HFEngine
+    from hpc_rlhf.engines.rollout import SamplingParams
+
     prompts = [[72, 101, 108, 108, 111], [1, 2], [200, 13, 40, 41, 42, 43, 44, 45, 46], [99]] * 4
     params = SamplingParams(temperature=1.0, max_new_tokens=24, stop_token_ids=[3, 7])
     seeds = list(range(100, 116))
-    runs, seconds = [], []
-    for device in devices:
-        engine = HFEngine(model, device=device)
+    runs, seconds, graphed = [], [], []
+    for _, kwargs in engines:
+        engine = HFEngine(kwargs.pop("model"), **kwargs)
         expect(engine._lean is not None, "the lean decoder does not take the tiny llama", {})
+        graphed.append(engine._lean.graphed(engine.device))
         engine.generate(prompts, params, seeds)  # warm-up
         t0 = time.time()
         runs.append(engine.generate(prompts, params, seeds))
-        if device == "cuda":
+        if engine.device.type == "cuda":
             torch.cuda.synchronize()
         seconds.append(round(time.time() - t0, 4))
     first, second = runs
     same = [a.token_ids == b.token_ids for a, b in zip(first, second)]
     diff = max(abs(x - y) for a, b in zip(first, second) for x, y in zip(a.logprobs, b.logprobs))
-    figures = {"devices": list(devices), "rows": len(same), "rows_equal": sum(same),
+    names = [name for name, _ in engines]
+    figures = {"engines": names, "cuda_graphs": graphed, "rows": len(same), "rows_equal": sum(same),
                "tokens": sum(len(c.token_ids) for c in second), "logprob_max_abs_diff": diff,
                "generate_s": seconds, "finish_reasons": sorted({c.finish_reason for c in second})}
-    expect(all(same), f"the engine sampled other tokens on {devices[1]} than on {devices[0]} with the same seeds",
-           figures)
+    expect(all(same), f"{names[1]} sampled other tokens than {names[0]} with the same seeds", figures)
     expect(diff <= ENGINE_LOGPROB_TOL, f"the log-probs differ by {diff} (> {ENGINE_LOGPROB_TOL})", figures)
     return figures
 

@@ -12,6 +12,8 @@ CHECKS = {
     "grpo_colocated_hf": "train rl (GRPO), every role colocated on one GPU, transformers engine",
     "engine_cpu_cuda": "the transformers engine samples the same tokens on CUDA as on the CPU with the same seeds "
                        "(fp32, grouped-query attention)",
+    "engine_cuda_graphs": "the engine's decode steps replayed as CUDA graphs sample the same tokens as its kernels "
+                          "launched one by one, with the same seeds (fp32, 8 layers); the time of each",
     "shared_prompts_cuda": "train.share_prompts on CUDA: the prompt pass once and the responses attending to its "
                            "cache give the logits and gradient of padded batches (fp32)",
     "grpo_colocated_vllm": "train rl (GRPO), every role colocated, vLLM on CUDA: sleep/wake, in-process weight "
@@ -42,7 +44,8 @@ def not_covered(name: str, why: str) -> Result:
 
 def plan(gpus: int, vllm_installed: bool) -> tuple[list[str], list[Result]]:
     """The checks a machine with ``gpus`` CUDA devices runs, and what it cannot cover (with why)."""
-    runs = ["collectives", "sft_zero3_bf16_resume", "grpo_colocated_hf", "engine_cpu_cuda", "shared_prompts_cuda"]
+    runs = ["collectives", "sft_zero3_bf16_resume", "grpo_colocated_hf", "engine_cpu_cuda", "engine_cuda_graphs",
+            "shared_prompts_cuda"]
     left_out = []
     if vllm_installed:
         runs.append("grpo_colocated_vllm")
