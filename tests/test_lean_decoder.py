@@ -128,6 +128,21 @@ def test_engine_lean_and_transformers_paths_sample_the_same(tmp_path):
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
 
 
+def test_the_cache_is_freed_when_a_generation_ends(tmp_path):
+    """Between generations the lean decoder holds no cache (a colocated actor trains in that memory); the next
+    generation, and every batch of one split by max_batch_size, allocates its own and samples the same."""
+    from hpc_rlhf.models.tiny import build_tiny_model
+    path = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64, seed=2)
+    prompts = [[40, 41, 42], [50], [60, 61, 62, 63, 64]]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=[256])
+    engine = HFEngine(path)
+    first = engine.generate(prompts, params, [1, 2, 3])
+    assert engine._lean.keys == [] and engine._lean.values == [] and engine._lean.key_valid is None
+    assert [c.token_ids for c in engine.generate(prompts, params, [1, 2, 3])] == [c.token_ids for c in first]
+    split = HFEngine(engine.model, max_batch_size=2).generate(prompts, params, [1, 2, 3])
+    assert [c.token_ids for c in split] == [c.token_ids for c in first]
+
+
 def test_packed_weights_follow_in_place_changes(tmp_path):
     """The packed copies are rebuilt when a module weight changes in place (as an optimizer step does it)
     or is replaced, and kept as they are while nothing changed."""

@@ -224,6 +224,8 @@ class HFEngine(RolloutEngine):
                 logits, past = self._forward(chosen[:, None], mask, next_pos, past)
             next_pos = next_pos + 1
 
+        if lean is not None:
+            lean.release()
         tok = tokens[:, :step + 1].cpu().tolist()
         lps = logprobs[:, :step + 1].cpu()
         stop_set = set(params.stop_token_ids)

@@ -135,6 +135,13 @@ class LeanDecoder:
         # rotate_half(x) * sin == roll(x, half) * signed_sin, with the first half of sin negated
         self.cos, self.signed_sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
 
+    def release(self) -> None:
+        """Free the cache, and the graph that holds its addresses, until the next ``start``: between generations
+        the decoder keeps only the packed weights (`hpc-rlhf plan` counts the cache as living during generation,
+        and a colocated actor trains in that memory)."""
+        self._graph = None
+        self.keys, self.values, self.key_valid = [], [], None
+
     def select_rows(self, index: torch.Tensor) -> None:
         """Row r of the cache becomes row ``index[r]``: prompts prefilled once serve several samples, and
         finished rows leave the batch.  Only the positions written so far are copied (a forward reads no key
