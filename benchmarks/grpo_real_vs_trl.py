@@ -682,7 +682,7 @@ def main(argv=None) -> None:
     batch = args.prompts * args.samples
     if args.from_keep:
         result = from_keep(args, Path(args.from_keep), sides, model, data, lengths, info, skipped)
-        if args.plot:
+        if args.plot and result["sides"]:
             plot(result, args.plot)
             log(f"plot written to {args.plot}")
         print(json.dumps(result))
