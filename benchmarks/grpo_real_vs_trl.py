@@ -679,14 +679,18 @@ def main(argv=None) -> None:
         return
     lengths = prompt_lengths(model, data)
     info = model_info(model, args.dtype)
+    result = (from_keep(args, Path(args.from_keep), sides, model, data, lengths, info, skipped) if args.from_keep
+              else measure(args, sides, model, data, lengths, info, skipped))
+    if args.plot and result["sides"]:
+        plot(result, args.plot)
+        log(f"plot written to {args.plot}")
+    print(json.dumps(result))
+
+
+def measure(args, sides: list[str], model: str, data: Path, lengths: list[int], info: dict, skipped: dict) -> dict:
+    """The machine's limits, then ``args.rounds`` rounds of every side (the order rotating), as the JSON result;
+    a SIGTERM ends it with the rounds that ended before it."""
     batch = args.prompts * args.samples
-    if args.from_keep:
-        result = from_keep(args, Path(args.from_keep), sides, model, data, lengths, info, skipped)
-        if args.plot and result["sides"]:
-            plot(result, args.plot)
-            log(f"plot written to {args.plot}")
-        print(json.dumps(result))
-        return
     log(f"{len(lengths)} prompts, {mean(lengths):.1f} tokens on average (max {max(lengths)}); "
         f"{info['params'] / 1e6:.1f}M parameters; sides {sides}")
     log("measuring the machine's limits")
@@ -742,11 +746,7 @@ def main(argv=None) -> None:
     finally:
         if root_ctx:
             root_ctx.cleanup()
-    result = assemble(args, model, data, lengths, info, limits, skipped, rounds, peaks, plans, stopped)
-    if args.plot and result["sides"]:
-        plot(result, args.plot)
-        log(f"plot written to {args.plot}")
-    print(json.dumps(result))
+    return assemble(args, model, data, lengths, info, limits, skipped, rounds, peaks, plans, stopped)
 
 
 class Stopped(Exception):

@@ -65,9 +65,12 @@ def main(argv=None) -> int:
     pad = tok.pad_token_id or 0
     tokens = sum(len(s.response_ids) for s in samples)
 
+    cuts = {}  # share -> the optimizer step's micro-batches, cut once per mode and reused by every pass
+
     def cut(share: bool):
-        [micro_batches] = optimizer_steps(samples, len(samples), args.micro, 1, 0, pad, "cpu", args.overhead, share)
-        return micro_batches
+        if share not in cuts:
+            [cuts[share]] = optimizer_steps(samples, len(samples), args.micro, 1, 0, pad, "cpu", args.overhead, share)
+        return cuts[share]
 
     def passes(share: bool = args.share_prompts) -> dict[str, float]:
         micro_batches = cut(share)

@@ -223,7 +223,7 @@ def engine_cpu_cuda(ctx: Context, timeout_s: float, devices: tuple[str, str] = (
 
     model = build_tiny_model(ctx.work / "gqa_model", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                              max_position_embeddings=128, seed=1)
-    return same_samples([(device, dict(model=model, device=device)) for device in devices])
+    return same_samples([(device, dict(model_path_or_module=model, device=device)) for device in devices])
 
 
 def engine_cuda_graphs(ctx: Context, timeout_s: float, device: str = "cuda") -> dict:
@@ -234,8 +234,8 @@ def engine_cuda_graphs(ctx: Context, timeout_s: float, device: str = "cuda") -> 
 
     model = build_tiny_model(ctx.work / "gqa_model_8_layers", hidden_size=128, num_layers=8, num_heads=4,
                              num_kv_heads=2, max_position_embeddings=128, seed=3)
-    return same_samples([("launched", dict(model=model, device=device, cuda_graphs=False)),
-                         ("graphs", dict(model=model, device=device))])
+    return same_samples([("launched", dict(model_path_or_module=model, device=device, cuda_graphs=False)),
+                         ("graphs", dict(model_path_or_module=model, device=device))])
 
 
 def same_samples(engines: list[tuple[str, dict]]) -> dict:
@@ -251,7 +251,7 @@ def same_samples(engines: list[tuple[str, dict]]) -> dict:
     seeds = list(range(100, 116))
     runs, seconds, graphed = [], [], []
     for _, kwargs in engines:
-        engine = HFEngine(kwargs.pop("model"), **kwargs)
+        engine = HFEngine(**kwargs)
         expect(engine._lean is not None, "the lean decoder does not take the tiny llama", {})
         graphed.append(engine._lean.graphed(engine.device))
         engine.generate(prompts, params, seeds)  # warm-up
