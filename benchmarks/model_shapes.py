@@ -3,8 +3,8 @@
 ``machine_limits.py`` measures the peak of square ``torch.mm``; a model's own products are thinner (a decode
 step multiplies a batch of 64 rows by each weight) and may run slower.  This script times each of them:
 
-- decode: ``x @ W`` for each weight of the lean decoder (query/key/value and gate/up packed, stored
-  [in, out]) and the output head, at ``--decode-rows`` rows (the rows still decoding);
+- decode: ``W @ x^T`` for each weight of the lean decoder (query/key/value and gate/up packed, [out, in], as
+  the decoder runs them) and the output head, at ``--decode-rows`` rows (the rows still decoding);
 - training: the forward ``F.linear(x, W)`` and the two backward products (input gradient ``g @ W``, weight
   gradient ``g.T @ x``) of each linear layer of the transformers model, at ``--train-rows`` tokens per
   micro-batch.
@@ -57,10 +57,10 @@ def time_decode(weights: dict, rows: int, dtype, min_s: float) -> dict:
     import torch
     out = {}
     for name, (n_in, n_out) in weights.items():
-        x, w = torch.randn(rows, n_in).to(dtype), torch.randn(n_in, n_out).to(dtype)
-        y = torch.empty(rows, n_out, dtype=dtype)
+        x, w = torch.randn(rows, n_in).to(dtype), torch.randn(n_out, n_in).to(dtype)
+        y = torch.empty(n_out, rows, dtype=dtype)
         flops = 2 * rows * n_in * n_out
-        out[name] = {"flops": flops, "flop_s": flops / _best_time(lambda: torch.mm(x, w, out=y), min_s)}
+        out[name] = {"flops": flops, "flop_s": flops / _best_time(lambda: torch.mm(w, x.t(), out=y), min_s)}
     return out
 
 
