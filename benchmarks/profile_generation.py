@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REAL = Path(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")).expanduser()  # scripts/real_assets.sh
-GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm"),
+GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise"),
           "attention": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
           "sampling": ("aten::uniform_", "aten::exponential_", "aten::log_", "aten::neg_", "aten::argmax",
                        "aten::_log_softmax", "aten::_softmax", "aten::multinomial",

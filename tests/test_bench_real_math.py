@@ -205,6 +205,7 @@ def test_model_shapes_weights_and_step_rate():
 def test_profile_generation_groups():
     import profile_generation as pg
     assert pg.group_of("aten::mm") == "matmul" and pg.group_of("aten::addmm") == "matmul"
+    assert pg.group_of("mkldnn::_linear_pointwise") == "matmul"  # the lean decoder's products on the CPU
     assert pg.group_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert pg.group_of("aten::uniform_") == "sampling" and pg.group_of("aten::argmax") == "sampling"
     assert pg.group_of("aten::cumsum") == "sampling" and pg.group_of("aten::searchsorted") == "sampling"

@@ -7,13 +7,14 @@ preallocated key/value cache, looks rotary angles up in a table built once per b
 rotation to queries and keys in one pass, and uses the fused RMS norm in float32.
 
 Its matrix products use packed copies of the module's weights: query, key and value in one matrix,
-gate and up in one.  That is fewer, larger products.  Each product is computed as ``weight @ x^T`` with the
-weight [out, in] on the left: at decode's few rows, BLAS then streams the weight as the long operand, which
-on the 2-core AMD EPYC host of docs/performance.md took 17% less time for a generation's products than
-``x @ weight^T`` from an [in, out] copy (the output head at 4 rows: 5.2 against 20.6 ms).  The copies cost one
-more copy of the linear weights and are rebuilt whenever a weight of the module changed (its storage or
-version counter), so loading new weights into the module takes effect at the next ``start``.  Tests compare
-its logits with the transformers forward.
+gate and up in one.  That is fewer, larger products.  On the CPU in float32 each copy is reordered once into
+oneDNN's blocked layout and multiplied by oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``): BLAS packs
+the weight again at every call, which at decode's few rows costs more than the arithmetic (on the 2-core AMD
+EPYC host of docs/performance.md the output head at 16 rows took 6.2 against 16.3 ms).  Elsewhere each product
+is ``weight @ x^T`` with the weight [out, in] on the left, so that BLAS streams the weight as the long operand.
+The copies cost one more copy of the linear weights and are rebuilt whenever a weight of the module changed
+(its storage or version counter), so loading new weights into the module takes effect at the next ``start``.
+Tests compare its logits with the transformers forward.
 
 Grouped-query attention (fewer key/value heads than query heads) folds each key/value head's query heads
 into its query rows (``grouped_attention``): equal head counts, without copying the cache.  On CUDA no fused
@@ -65,9 +66,23 @@ def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     return norm.weight * F.rms_norm(x, (x.shape[-1],), eps=norm.variance_epsilon)
 
 
+# oneDNN picks its weight layout for a number of rows; the layout chosen for 64 ran as fast at 1 to 64 rows
+# and at a prefill's 1088 as the one chosen for each (docs/performance.md, levers)
+ONEDNN_ROWS_HINT = 64
+
+
+def onednn_products(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the decoder multiplies by oneDNN-reordered weights: on the CPU, in float32, where PyTorch has
+    oneDNN."""
+    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
 def _fused(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The layers' weights stacked, [sum of outs, in], and their biases (None if none has one)."""
+    """The layers' weights stacked, [sum of outs, in] (in oneDNN's layout where ``onednn_products``), and their
+    biases (None if none has one)."""
     weight = torch.cat([m.weight for m in linears])
+    if onednn_products(weight.dtype, weight.device):
+        weight = torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT)
     if all(m.bias is None for m in linears):
         return weight, None
     return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
@@ -88,9 +103,12 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
 
 
 def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
-    """``x`` [..., in] times the packed [out, in] weight, as ``weight @ x^T``: the result [..., out] is a
-    transposed view (its rows are strided), which the element-wise operations and views after it take as is."""
+    """``x`` [..., in] times the packed [out, in] weight, plus its bias.  A oneDNN weight goes to oneDNN's linear;
+    any other as ``weight @ x^T``, whose result [..., out] is a transposed view (its rows are strided), which
+    the element-wise operations and views after it take as is."""
     weight, bias = packed
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     y = (weight @ x.reshape(-1, x.shape[-1]).t()).t().view(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
 
