@@ -3,8 +3,10 @@
 ``machine_limits.py`` measures the peak of square ``torch.mm``; a model's own products are thinner (a decode
 step multiplies a batch of 64 rows by each weight) and may run slower.  This script times each of them:
 
-- decode: ``W @ x^T`` for each weight of the lean decoder (query/key/value and gate/up packed, [out, in], as
-  the decoder runs them) and the output head, at ``--decode-rows`` rows (the rows still decoding);
+- decode: each weight of the lean decoder (query/key/value and gate/up packed) and the output head, at
+  ``--decode-rows`` rows (the rows still decoding), multiplied as the decoder does (``lean_decoder._fused`` and
+  ``_matmul``: oneDNN's linear on reordered weights on the CPU in fp32, else ``W @ x^T``), and as plain
+  ``W @ x^T`` beside it (``decode_w_xt``);
 - training: the forward ``F.linear(x, W)`` and the two backward products (input gradient ``g @ W``, weight
   gradient ``g.T @ x``) of each linear layer of the transformers model, at ``--train-rows`` tokens per
   micro-batch.
@@ -53,13 +55,21 @@ def step_rate(per_product: dict, layers: int) -> float:
     return flops / secs
 
 
-def time_decode(weights: dict, rows: int, dtype, min_s: float) -> dict:
+def time_decode(weights: dict, rows: int, dtype, min_s: float, as_decoder: bool = True) -> dict:
+    """Each product at ``rows`` rows: as the lean decoder runs it, or (``as_decoder`` False) as ``W @ x^T``."""
     import torch
+
+    from hpc_rlhf.engines.lean_decoder import _fused, _matmul
     out = {}
     for name, (n_in, n_out) in weights.items():
         x, w = torch.randn(rows, n_in).to(dtype), torch.randn(n_out, n_in).to(dtype)
+        linear = torch.nn.Linear(n_in, n_out, bias=False, dtype=dtype)
+        with torch.no_grad():
+            linear.weight.copy_(w)
+            packed = _fused([linear])
+        fn = (lambda: _matmul(x, packed)) if as_decoder else (lambda: w @ x.t())
         flops = 2 * rows * n_in * n_out
-        out[name] = {"flops": flops, "flop_s": flops / _best_time(lambda: w @ x.t(), min_s)}  # as the decoder does
+        out[name] = {"flops": flops, "flop_s": flops / _best_time(fn, min_s)}
     return out
 
 
@@ -103,7 +113,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a Llama-style model folder")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--decode-rows", default="64,32,8", help="rows of a decode step, comma separated")
+    ap.add_argument("--decode-rows", default="64,32,16,8,4", help="rows of a decode step, comma separated")
     ap.add_argument("--train-rows", type=int, default=3072, help="tokens per training micro-batch (fp32)")
     ap.add_argument("--bf16-train-rows", type=int, default=256, help="tokens per training micro-batch (bf16)")
     ap.add_argument("--min-s", type=float, default=0.2, help="time each product for at least this long")
@@ -116,14 +126,15 @@ def main(argv=None) -> int:
     shape = model_shape(str(Path(args.model).expanduser()))
     layers = shape.layers
     result = {"model": str(args.model), "threads": args.threads, "torch": torch.__version__, "layers": layers,
-              "decode": {}, "train": {}}
+              "decode": {}, "decode_w_xt": {}, "train": {}}
     for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         for rows in (int(r) for r in args.decode_rows.split(",")):
-            per = time_decode(packed_weights(shape), rows, dtype, args.min_s)
-            result["decode"][f"{tag}@{rows}"] = {"step_flop_s": step_rate(per, layers),
-                                                 "per_product": {k: v["flop_s"] for k, v in per.items()}}
-            print(f"decode {tag} rows {rows}: {result['decode'][f'{tag}@{rows}']['step_flop_s'] / 1e9:.0f} GFLOP/s",
-                  file=sys.stderr)
+            for key, as_decoder in (("decode", True), ("decode_w_xt", False)):
+                per = time_decode(packed_weights(shape), rows, dtype, args.min_s, as_decoder)
+                result[key][f"{tag}@{rows}"] = {"step_flop_s": step_rate(per, layers),
+                                                "per_product": {k: v["flop_s"] for k, v in per.items()}}
+                print(f"{key} {tag} rows {rows}: {result[key][f'{tag}@{rows}']['step_flop_s'] / 1e9:.0f} GFLOP/s",
+                      file=sys.stderr)
         rows = args.train_rows if dtype == torch.float32 else args.bf16_train_rows
         per = time_train(layer_weights(shape), rows, dtype, args.min_s)
         result["train"][f"{tag}@{rows}"] = {"step_flop_s": step_rate(per, layers),

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from hpc_rlhf.engines.hf_engine import HFEngine
-from hpc_rlhf.engines.lean_decoder import LeanDecoder, lean_supported
+from hpc_rlhf.engines.lean_decoder import LeanDecoder, _fused, _matmul, lean_supported, onednn_products
 from hpc_rlhf.engines.rollout import SamplingParams
 
 
@@ -141,6 +141,30 @@ def test_the_cache_is_freed_when_a_generation_ends(tmp_path):
     assert [c.token_ids for c in engine.generate(prompts, params, [1, 2, 3])] == [c.token_ids for c in first]
     split = HFEngine(engine.model, max_batch_size=2).generate(prompts, params, [1, 2, 3])
     assert [c.token_ids for c in split] == [c.token_ids for c in first]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_product_is_the_linear(dtype, bias):
+    """A packed product (stacked weights, oneDNN's layout on the CPU in float32) is ``F.linear`` of the stacked
+    weights and biases, for any leading shape of the input."""
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(24, n, bias=bias, dtype=dtype) for n in (8, 16)]
+    if bias:
+        linears.append(torch.nn.Linear(24, 4, bias=False, dtype=dtype))  # a layer without one gets zeros
+    packed = _fused(linears)
+    assert packed[0].is_mkldnn == (dtype == torch.float32 and torch.backends.mkldnn.is_available())
+    assert onednn_products(dtype, torch.device("cpu")) == packed[0].is_mkldnn
+    assert not onednn_products(torch.float32, torch.device("cuda"))
+    weight = torch.cat([m.weight for m in linears]).detach()
+    b = torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in linears])
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    for shape in ((5, 24), (3, 7, 24), (1, 1, 24)):
+        x = torch.randn(shape, dtype=dtype)
+        with torch.no_grad():
+            got = _matmul(x, packed)
+        assert got.shape == shape[:-1] + (weight.shape[0],)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b if bias else None), **tol)
 
 
 def test_packed_weights_follow_in_place_changes(tmp_path):
