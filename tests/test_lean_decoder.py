@@ -75,7 +75,10 @@ def test_fixed_shape_step_is_the_decode_forward(tmp_path, monkeypatch):
             fixed.length += 1
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
             tokens, positions = want.argmax(-1, keepdim=True), positions + 1
-        assert bool(fixed.key_valid[:, :width + steps].equal(eager.key_valid[:, :width + steps]))
+        # the eager decoder on the CPU shares the prompts' prefix: its own slots start after it
+        assert fixed.prefix is None and eager.prefix is not None and eager.offset == width
+        assert bool(fixed.key_valid[:, :width].equal(valid.index_select(0, rows)))
+        assert bool(fixed.key_valid[:, width:width + steps].all()) and bool(eager.key_valid[:, :steps].all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -114,6 +117,74 @@ def test_grouped_attention_is_gqa_attention(T):
         mask = (causal[None] & valid[:, None, :])[:, None]
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
     torch.testing.assert_close(grouped_attention(q, k, v, mask, 0.3), want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("rows", [[0, 0, 0, 1, 1, 1], [0, 0, 2, 2, 2], [2, 0, 2, 0, 0]])
+def test_split_attention_is_attention_over_prefix_and_row(T, rows):
+    """Each row's queries over its prefix (padding masked) and then its own keys, computed in two parts merged
+    by their log-sum-exps, equal attention over the two concatenated: rows in prefix order with as many per
+    prefix (no slot map), uneven and unordered ones, and a prefix that no row reads (prefix 1, dropped)."""
+    import torch.nn.functional as F
+
+    from hpc_rlhf.engines.lean_decoder import SharedPrefix, split_attention
+    g = torch.Generator().manual_seed(len(rows) + T)
+    B, U, nq, nkv, P, S, D = len(rows), 3, 6, 2, 5, 4, 8
+    pk, pv = (torch.randn(U, nkv, P, D, generator=g) for _ in range(2))
+    pvalid = torch.ones(U, P, dtype=torch.bool)
+    pvalid[0, :2] = pvalid[2, :1] = False  # left padding
+    q = torch.randn(B, nq, T, D, generator=g)
+    k, v = (torch.randn(B, nkv, S, D, generator=g) for _ in range(2))
+    valid = torch.rand(B, S, generator=g) > 0.3
+    valid[:, -T:] = True
+    causal = torch.arange(S)[None, :] <= torch.arange(S - T, S)[:, None]  # query t sits at row slot S - T + t
+    own = (causal[None] & valid[:, None, :])[:, None]  # [B, 1, T, S]
+    prefix = SharedPrefix([pk], [pv], pvalid, rows)
+    assert prefix.count == len(set(rows)) and (prefix.slot is None) == (rows == [0, 0, 0, 1, 1, 1])
+    additive = torch.zeros(own.shape).masked_fill(~own, float("-inf"))
+    got = split_attention(q, prefix, 0, k, v, additive, 0.3)
+    idx = torch.tensor(rows)
+    whole_k = torch.cat([pk.index_select(0, idx), k], dim=2)
+    whole_v = torch.cat([pv.index_select(0, idx), v], dim=2)
+    whole_mask = torch.cat([pvalid.index_select(0, idx)[:, None, None].expand(B, 1, T, P), own], dim=-1)
+    want = F.scaled_dot_product_attention(q, whole_k, whole_v, attn_mask=whole_mask, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_shared_prefix_decode_matches_transformers(tmp_path):
+    """Prompts prefilled once, their samples sharing the prefill (``select_rows`` with repeats), rows then
+    leaving the batch unevenly, then all of one prompt's rows leaving and another row repeated: every step's logits are those of transformers run
+    on each row's whole sequence alone."""
+    from transformers import AutoModelForCausalLM
+
+    from hpc_rlhf.models.tiny import build_tiny_model
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(
+        tmp_path / "m", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, max_position_embeddings=64,
+        seed=5)).eval()
+    prompts, width = [[5, 6, 7, 8, 9], [11, 12]], 5
+    ids = torch.tensor([[257] * (width - len(p)) + p for p in prompts])
+    valid = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
+    pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    lean = LeanDecoder(model)
+    lean.start(2, width + 8, torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        got = lean.forward(ids, pos, valid)
+        seqs = [list(p) for p in prompts]
+        for step, rows in enumerate([[0, 0, 0, 1, 1, 1], None, [0, 2, 3], None, [1, 1, 0], None]):
+            if rows is not None:
+                lean.select_rows(torch.tensor(rows))
+                seqs = [list(seqs[r]) for r in rows]
+                got = got.index_select(0, torch.tensor(rows))
+                assert lean.prefix is not None and lean.offset == width
+            nxt = torch.tensor([(3 * b + step) % 250 for b in range(len(seqs))])  # rows of a prompt part ways
+            for b, seq in enumerate(seqs):
+                seq.append(int(nxt[b]))
+            got = lean.forward(nxt[:, None], torch.tensor([[len(s) - 1] for s in seqs]),
+                               torch.ones((len(seqs), 1), dtype=torch.bool))
+            for b, seq in enumerate(seqs):
+                want = model(torch.tensor([seq])).logits[0, -1]
+                torch.testing.assert_close(got[b], want, atol=1e-5, rtol=1e-5)
+        assert lean.prefix.count == 1 and lean.prefix.rows == [0, 0, 0]  # no row reads prompt 1's prefix now
 
 
 def test_engine_lean_and_transformers_paths_sample_the_same(tmp_path):

@@ -22,6 +22,14 @@ kernel takes a mask with ``enable_gqa`` (flash takes no mask, memory-efficient w
 PyTorch would fall back to its unfused math path; on the CPU the folded call is also faster at decode
 (docs/performance.md).
 
+Several samples of one prompt share the prompt's cached keys and values.  On the CPU, ``select_rows`` that
+repeats rows keeps the cache written so far once per distinct row (the shared prefix) and gives each sample a
+cache of its own for the positions after it.  Attention then runs in two parts, each with its log-sum-exp
+(``split_attention``): every query of a prompt's samples over the prompt's prefix, read once per prompt, and
+each row's queries over its own positions; the parts are merged with weights from their log-sum-exps.  A decode
+step reads the cache more than it computes on it, and at GRPO's 8 samples of a 78-token prompt the prefix
+is most of what is read (docs/performance.md, levers).  On CUDA the samples keep copies of the prefix.
+
 On CUDA a decode step launches several hundred small kernels, and launching them from Python takes far longer than
 running them (SmolLM2-135M at batch 64 on an H200: docs/performance.md).  With ``cuda_graphs`` on, ``decode``
 captures the step once per batch as a CUDA graph and replays it: the step writes its keys and values at a cache
@@ -102,6 +110,73 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return o.reshape(B, nq, T, D)
 
 
+def _flash_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` [B, H, L, D] over ``k``, ``v`` [B, H, S, D] with an additive ``mask`` broadcast to
+    [B, 1, L, S]: the output and the log-sum-exp [B, H, L] of each query's scaled, masked scores (float32)."""
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)
+    return out[0], out[1]
+
+
+def split_attention(q: torch.Tensor, prefix: "SharedPrefix", layer: int, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of ``q`` [B, nq, T, D] over row b's prefix (``prefix.keys[layer]`` row ``prefix.rows[b]``, its
+    padding masked) followed by the row's own ``k``, ``v`` [B, nkv, S, D] with the additive ``mask``
+    [B, 1, T or 1, S]: the same as attending over the two concatenated (query head h reads key/value head
+    h // (nq / nkv)).  The prefix part stacks the queries of each prefix's rows, so its keys are read once per
+    prefix; the two parts' outputs o1, o2 merge as o2 + (o1 - o2) * sigmoid(lse1 - lse2)."""
+    B, nq, T, D = q.shape
+    nkv = k.shape[1]
+    g = nq // nkv
+    rows = q.reshape(B, nkv, g * T, D)
+    if mask.shape[-2] != 1:  # each of a key/value head's g query heads has the same T mask rows
+        mask = mask[:, :, None].expand(B, 1, g, T, mask.shape[-1]).reshape(B, 1, g * T, mask.shape[-1])
+    o2, lse2 = _flash_cpu(rows, k, v, mask, scale)
+    U, m = prefix.count, prefix.width
+    stacked = rows if prefix.slot is None else rows.new_zeros((U * m,) + rows.shape[1:]).index_copy_(0, prefix.slot, rows)
+    stacked = stacked.view(U, m, nkv, g * T, D).transpose(1, 2).reshape(U, nkv, m * g * T, D)
+    o1, lse1 = _flash_cpu(stacked, prefix.keys[layer], prefix.values[layer], prefix.mask, scale)
+    o1 = o1.view(U, nkv, m, g * T, D).transpose(1, 2).reshape(U * m, nkv, g * T, D)
+    lse1 = lse1.view(U, nkv, m, g * T).transpose(1, 2).reshape(U * m, nkv, g * T)
+    if prefix.slot is not None:
+        o1, lse1 = o1.index_select(0, prefix.slot), lse1.index_select(0, prefix.slot)
+    o = torch.lerp(o2, o1, torch.sigmoid(lse1 - lse2)[..., None].to(o2.dtype))
+    return o.reshape(B, nq, T, D)
+
+
+class SharedPrefix:
+    """The cache positions that several rows share: ``keys``/``values`` [U, nkv, P, D] per layer, ``mask``
+    [U, 1, 1, P] (0 on a valid position, -inf on padding), and ``rows`` (row b reads prefix ``rows[b]``).  A
+    prefix's rows take ``width`` consecutive query slots in ``split_attention``: ``slot`` [B] says which (None
+    where row b is slot b already)."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], valid: torch.Tensor, rows: list[int]):
+        self.keys, self.values = keys, values
+        self.mask = torch.zeros(valid.shape, dtype=keys[0].dtype, device=valid.device).masked_fill_(
+            ~valid, float("-inf"))[:, None, None]
+        self.set_rows(rows)
+
+    def set_rows(self, rows: list[int]) -> None:
+        """Row b now reads prefix ``rows[b]``; prefixes no row reads are dropped."""
+        used = sorted(set(rows))
+        if len(used) < len(self.keys[0]):
+            keep = torch.tensor(used, device=self.mask.device)
+            new = {u: i for i, u in enumerate(used)}
+            rows = [new[r] for r in rows]
+            self.keys = [t.index_select(0, keep) for t in self.keys]
+            self.values = [t.index_select(0, keep) for t in self.values]
+            self.mask = self.mask.index_select(0, keep)
+        self.rows, self.count = rows, len(used)
+        seen = [0] * self.count
+        slots = []
+        for r in rows:
+            slots.append(seen[r])
+            seen[r] += 1
+        self.width = max(seen)
+        slots = [r * self.width + s for r, s in zip(rows, slots)]
+        self.slot = None if slots == list(range(self.count * self.width)) else torch.tensor(slots, device=self.mask.device)
+
+
 def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
     """``x`` [..., in] times the packed [out, in] weight, plus its bias.  A oneDNN weight goes to oneDNN's linear;
     any other as ``weight @ x^T``, whose result [..., out] is a transposed view (its rows are strided), which
@@ -149,7 +224,9 @@ class LeanDecoder:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
         self.key_valid = torch.zeros((batch, capacity), dtype=torch.bool, device=device)
-        self.length = 0
+        self.length, self.capacity = 0, capacity
+        self.prefix: SharedPrefix | None = None
+        self.offset = 0  # the cache position of self.keys' first slot: the shared prefix's length
         probe = torch.zeros((1, capacity, 1), dtype=dtype, device=device)
         cos, sin = self.body.rotary_emb(probe, torch.arange(capacity, device=device)[None])
         half = self.head_dim // 2
@@ -161,17 +238,39 @@ class LeanDecoder:
         the decoder keeps only the packed weights (`hpc-rlhf plan` counts the cache as living during generation,
         and a colocated actor trains in that memory)."""
         self._graph = None
-        self.keys, self.values, self.key_valid = [], [], None
+        self.keys, self.values, self.key_valid, self.prefix = [], [], None, None
+
+    def shares_prefix(self, device: torch.device) -> bool:
+        """Whether ``select_rows`` that repeats rows shares their cache so far (``split_attention``) instead of
+        copying it: on the CPU, whose fused attention returns the log-sum-exp that merging needs (not under a
+        graph, whose step attends over one whole cache)."""
+        return device.type == "cpu" and not self.graphed(device)
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Row r of the cache becomes row ``index[r]``: prompts prefilled once serve several samples, and
         finished rows leave the batch.  Only the positions written so far are copied (a forward reads no key
-        past the ones it writes), one layer at a time, so the old and new caches never both exist whole."""
+        past the ones it writes), one layer at a time, so the old and new caches never both exist whole.
+        Where ``shares_prefix``, repeating rows (a prompt's samples) keeps the cache so far once per distinct row
+        as a ``SharedPrefix`` and starts each row's own cache after it."""
         self._graph = None
+        rows = index.tolist()
+        if self.prefix is not None:
+            self.prefix.set_rows([self.prefix.rows[r] for r in rows])
+        elif len(set(rows)) < len(rows) and self.length and self.shares_prefix(index.device):
+            n = self.length
+            self.prefix = SharedPrefix([t[:, :, :n].contiguous() for t in self.keys],
+                                       [t[:, :, :n].contiguous() for t in self.values], self.key_valid[:, :n], rows)
+            shape = (len(rows), self.kv_heads, self.capacity - n, self.head_dim)
+            self.keys = [t.new_empty(shape) for t in self.keys]
+            self.values = [t.new_empty(shape) for t in self.values]
+            self.key_valid = self.key_valid.new_zeros((len(rows), self.capacity - n))
+            self.offset = n
+            return
 
         def pick(t: torch.Tensor) -> torch.Tensor:  # zeros past the written slots: a graphed step reads them
             out = (t.new_zeros if self.graphed(t.device) else t.new_empty)((len(index),) + t.shape[1:])
-            out[:, :, :self.length] = t[:, :, :self.length].index_select(0, index)
+            n = self.length - self.offset
+            out[:, :, :n] = t[:, :, :n].index_select(0, index)
             return out
         for cache in (self.keys, self.values):
             for i, t in enumerate(cache):
@@ -179,13 +278,19 @@ class LeanDecoder:
         self.key_valid = self.key_valid.index_select(0, index)
 
     def _mask(self, T: int, start: int, end: int, device) -> torch.Tensor:
+        """Which of the row caches' slots [0, end) the new slots [start, end) see: [B, 1, T or 1, end]; with a
+        shared prefix the slots count from its end, and the mask is additive (0 or -inf) for ``split_attention``."""
         if T == 1:  # one new token per row: it sees every valid cached key and itself
-            return self.key_valid[:, None, None, :end]
-        slots = torch.arange(start, end, device=device)
-        keys = torch.arange(end, device=device)
-        allowed = (keys[None, :] <= slots[:, None])[None] & self.key_valid[:, None, :end]
-        allowed |= keys[None, None, :] == slots[None, :, None]  # padded queries see themselves: no empty rows
-        return allowed[:, None]
+            allowed = self.key_valid[:, None, None, :end]
+        else:
+            slots = torch.arange(start, end, device=device)
+            keys = torch.arange(end, device=device)
+            allowed = (keys[None, :] <= slots[:, None])[None] & self.key_valid[:, None, :end]
+            allowed |= keys[None, None, :] == slots[None, :, None]  # padded queries see themselves: no empty rows
+            allowed = allowed[:, None]
+        if self.prefix is None:
+            return allowed
+        return torch.zeros(allowed.shape, dtype=self.keys[0].dtype, device=device).masked_fill_(~allowed, float("-inf"))
 
     def graphed(self, device: torch.device) -> bool:
         """Whether ``decode`` replays CUDA graphs on ``device``."""
@@ -194,7 +299,7 @@ class LeanDecoder:
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` [B, T] (``valid`` False on padding) and return the last position's logits [B, V]."""
         T = ids.shape[1]
-        start, end = self.length, self.length + T
+        start, end = self.length - self.offset, self.length - self.offset + T  # slots of the row caches
         self.key_valid[:, start:end] = valid
 
         def store(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,7 +307,7 @@ class LeanDecoder:
             self.values[i][:, :, start:end] = v
             return self.keys[i][:, :, :end], self.values[i][:, :, :end]
         logits = self._layers(ids, positions, self._mask(T, start, end, ids.device), store)
-        self.length = end
+        self.length += T
         return logits
 
     def step_at(self, ids: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
@@ -244,7 +349,9 @@ class LeanDecoder:
             qk = qkv[..., :split].view(B, T, nq + nkv, D)
             qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
             keys, values = store(i, qk[:, :, nq:].transpose(1, 2), qkv[..., split:].view(B, T, nkv, D).transpose(1, 2))
-            o = grouped_attention(qk[:, :, :nq].transpose(1, 2), keys, values, mask, self.scale)
+            q = qk[:, :, :nq].transpose(1, 2)
+            o = (grouped_attention(q, keys, values, mask, self.scale) if self.prefix is None
+                 else split_attention(q, self.prefix, i, keys, values, mask, self.scale))
             h = h + _matmul(o.transpose(1, 2).reshape(B, T, -1), o_w)
             x = _rms(h, layer.post_attention_layernorm)
             gate, up = _matmul(x, gate_up_w).chunk(2, dim=-1)
