@@ -2,7 +2,8 @@
 
 One batch of ``--prompts`` ASDiv prompts × ``--samples`` samples (the model's chat template), up to
 ``--max-new-tokens`` at temperature 1, timed once without the profiler and once with it.  The operators'
-self time is grouped: matrix products, attention, sampling (the softmax, running sums and search of the engine's
+self time is grouped: matrix products, attention (every operator inside the lean decoder's attention
+functions, whatever its name), sampling (the softmax, running sums and search of the engine's
 inverse-distribution draw; generate's softmax and multinomial draw; argmax; the log-softmax of the chosen
 tokens), everything else.  One JSON line last on stdout.
 
@@ -36,9 +37,36 @@ GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_po
                        "aten::cumsum", "aten::searchsorted")}
 
 
+# profiler ranges whose operators all count in one group: the lean decoder's attention is several operators
+# (matrix products and a softmax, `lean_decoder.split_attention`) that by name would fall in other groups
+ATTENTION_RANGE = "lean_decoder.attention"
+RANGES = {ATTENTION_RANGE: "attention"}
+
+
 def group_of(op: str, groups: dict[str, tuple[str, ...]] = GROUPS) -> str:
     """The group an operator's name falls in (pure)."""
     return next((name for name, prefixes in groups.items() if op.startswith(prefixes)), "other")
+
+
+def event_group(op: str, enclosing: list[str], groups: dict[str, tuple[str, ...]] = GROUPS,
+                ranges: dict[str, str] = RANGES) -> str:
+    """The group of operator ``op`` that runs inside the events ``enclosing`` (names, innermost first): that of
+    the innermost of them (or ``op`` itself) named in ``ranges``, else its name's (pure)."""
+    return next((ranges[name] for name in (op, *enclosing) if name in ranges), None) or group_of(op, groups)
+
+
+def label_attention() -> None:
+    """Run the lean decoder's attention functions inside the ``ATTENTION_RANGE`` profiler range."""
+    import torch
+
+    from hpc_rlhf.engines import lean_decoder
+    def in_range(inner):
+        def ranged(*args, **kwargs):
+            with torch.profiler.record_function(ATTENTION_RANGE):
+                return inner(*args, **kwargs)
+        return ranged
+    for name in ("grouped_attention", "split_attention"):
+        setattr(lean_decoder, name, in_range(getattr(lean_decoder, name)))
 
 
 def add_batch_args(ap: argparse.ArgumentParser) -> None:
@@ -84,12 +112,19 @@ def generation_batch(args):
 
 
 def self_time(prof, groups: dict[str, tuple[str, ...]], top_n: int) -> dict:
-    """A profile's operator self seconds summed by group, calls by group, and the ``top_n`` operators (the
-    list also printed to stderr)."""
+    """A profile's operator self seconds summed by group (``event_group``: an operator inside a range of
+    ``RANGES`` counts in its group), calls by group, and the ``top_n`` operators (the list also printed to
+    stderr)."""
     seconds, calls, top = defaultdict(float), defaultdict(int), []
+    for e in prof.events():
+        enclosing, parent = [], e.cpu_parent
+        while parent is not None:
+            enclosing.append(parent.name)
+            parent = parent.cpu_parent
+        group = event_group(e.name, enclosing, groups)
+        seconds[group] += e.self_cpu_time_total / 1e6
+        calls[group] += 1
     for e in prof.key_averages():
-        seconds[group_of(e.key, groups)] += e.self_cpu_time_total / 1e6
-        calls[group_of(e.key, groups)] += e.count
         top.append((e.self_cpu_time_total / 1e6, e.key, e.count))
     top = sorted(top, reverse=True)[:top_n]
     for s, k, n in top:
@@ -151,6 +186,7 @@ def main(argv=None) -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     tok, engine, flat, params, seeds = generation_batch(args)
+    label_attention()
     engine.generate(flat, replace(params, max_new_tokens=2), seeds)  # warm-up (library set-up, kernel choices)
     out, plain_s = timed(lambda: engine.generate(flat, params, seeds), sync)
     longest = max(len(c.token_ids) for c in out)

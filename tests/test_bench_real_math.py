@@ -211,6 +211,12 @@ def test_profile_generation_groups():
     assert pg.group_of("aten::cumsum") == "sampling" and pg.group_of("aten::searchsorted") == "sampling"
     assert pg.group_of("aten::matmul") == "other"  # the dispatcher above aten::mm: its own time only
     assert pg.group_of("aten::add") == "other"
+    # inside the lean decoder's attention range its products and softmax count as attention, not matmul/sampling
+    assert pg.event_group("aten::bmm", ["aten::matmul", pg.ATTENTION_RANGE, "generate"]) == "attention"
+    assert pg.event_group("aten::_softmax", [pg.ATTENTION_RANGE]) == "attention"
+    assert pg.event_group(pg.ATTENTION_RANGE, []) == "attention"  # the range's own time
+    assert pg.event_group("aten::_softmax", ["generate"]) == "sampling"
+    assert pg.event_group("mkldnn::_linear_pointwise", []) == "matmul"
 
 
 def test_profile_training_groups():

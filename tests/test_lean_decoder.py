@@ -153,8 +153,8 @@ def test_split_attention_is_attention_over_prefix_and_row(T, rows):
 
 def test_shared_prefix_decode_matches_transformers(tmp_path):
     """Prompts prefilled once, their samples sharing the prefill (``select_rows`` with repeats), rows then
-    leaving the batch unevenly, then all of one prompt's rows leaving and another row repeated: every step's logits are those of transformers run
-    on each row's whole sequence alone."""
+    leaving the batch unevenly, then all of one prompt's rows leaving and another row repeated: every step's
+    logits are those of transformers run on each row's whole sequence alone."""
     from transformers import AutoModelForCausalLM
 
     from hpc_rlhf.models.tiny import build_tiny_model

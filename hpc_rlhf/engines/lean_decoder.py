@@ -25,10 +25,10 @@ PyTorch would fall back to its unfused math path; on the CPU the folded call is 
 Several samples of one prompt share the prompt's cached keys and values.  On the CPU, ``select_rows`` that
 repeats rows keeps the cache written so far once per distinct row (the shared prefix) and gives each sample a
 cache of its own for the positions after it.  Attention then runs in two parts, each with its log-sum-exp
-(``split_attention``): every query of a prompt's samples over the prompt's prefix, read once per prompt, and
-each row's queries over its own positions; the parts are merged with weights from their log-sum-exps.  A decode
-step reads the cache more than it computes on it, and at GRPO's 8 samples of a 78-token prompt the prefix
-is most of what is read (docs/performance.md, levers).  On CUDA the samples keep copies of the prefix.
+(``split_attention``): the scores of every query of a prompt's samples against the prompt's prefix, read once
+per prompt, and of each row's queries against its own positions, under one softmax.  A decode step reads the
+cache more than it computes on it, and at GRPO's 8 samples of a 78-token prompt the prefix is most of what is
+read (docs/performance.md, levers).  On CUDA the samples keep copies of the prefix.
 
 On CUDA a decode step launches several hundred small kernels, and launching them from Python takes far longer than
 running them (SmolLM2-135M at batch 64 on an H200: docs/performance.md).  With ``cuda_graphs`` on, ``decode``
@@ -110,37 +110,25 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return o.reshape(B, nq, T, D)
 
 
-def _flash_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of ``q`` [B, H, L, D] over ``k``, ``v`` [B, H, S, D] with an additive ``mask`` broadcast to
-    [B, 1, L, S]: the output and the log-sum-exp [B, H, L] of each query's scaled, masked scores (float32)."""
-    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)
-    return out[0], out[1]
-
-
 def split_attention(q: torch.Tensor, prefix: "SharedPrefix", layer: int, k: torch.Tensor, v: torch.Tensor,
                     mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of ``q`` [B, nq, T, D] over row b's prefix (``prefix.keys[layer]`` row ``prefix.rows[b]``, its
     padding masked) followed by the row's own ``k``, ``v`` [B, nkv, S, D] with the additive ``mask``
     [B, 1, T or 1, S]: the same as attending over the two concatenated (query head h reads key/value head
-    h // (nq / nkv)).  The prefix part stacks the queries of each prefix's rows, so its keys are read once per
-    prefix; the two parts' outputs o1, o2 merge as o2 + (o1 - o2) * sigmoid(lse1 - lse2)."""
+    h // (nq / nkv)).  The products with the prefix stack the queries of each prefix's rows, so its keys and
+    values are read once per prefix; one softmax runs over each query's prefix and own scores together."""
     B, nq, T, D = q.shape
     nkv = k.shape[1]
-    g = nq // nkv
-    rows = q.reshape(B, nkv, g * T, D)
-    if mask.shape[-2] != 1:  # each of a key/value head's g query heads has the same T mask rows
-        mask = mask[:, :, None].expand(B, 1, g, T, mask.shape[-1]).reshape(B, 1, g * T, mask.shape[-1])
-    o2, lse2 = _flash_cpu(rows, k, v, mask, scale)
-    U, m = prefix.count, prefix.width
-    stacked = rows if prefix.slot is None else rows.new_zeros((U * m,) + rows.shape[1:]).index_copy_(0, prefix.slot, rows)
-    stacked = stacked.view(U, m, nkv, g * T, D).transpose(1, 2).reshape(U, nkv, m * g * T, D)
-    o1, lse1 = _flash_cpu(stacked, prefix.keys[layer], prefix.values[layer], prefix.mask, scale)
-    o1 = o1.view(U, nkv, m, g * T, D).transpose(1, 2).reshape(U * m, nkv, g * T, D)
-    lse1 = lse1.view(U, nkv, m, g * T).transpose(1, 2).reshape(U * m, nkv, g * T)
-    if prefix.slot is not None:
-        o1, lse1 = o1.index_select(0, prefix.slot), lse1.index_select(0, prefix.slot)
-    o = torch.lerp(o2, o1, torch.sigmoid(lse1 - lse2)[..., None].to(o2.dtype))
+    L = (nq // nkv) * T  # query rows per key/value head
+    rows = (q * scale).reshape(B, nkv, L, D)
+    keys, values = prefix.keys[layer], prefix.values[layer]
+    if mask.shape[-2] != 1:  # each of a key/value head's query heads has the same T mask rows
+        mask = mask[:, :, None].expand(B, 1, L // T, T, mask.shape[-1]).reshape(B, 1, L, mask.shape[-1])
+    own = torch.matmul(rows, k.transpose(-1, -2)).add_(mask)  # [B, nkv, L, S]
+    shared = prefix.unstack(torch.matmul(prefix.stack(rows), keys.transpose(-1, -2)).add_(prefix.mask))
+    p = torch.softmax(torch.cat([shared, own], dim=-1), dim=-1)
+    o = torch.matmul(p[..., keys.shape[2]:], v)
+    o += prefix.unstack(torch.matmul(prefix.stack(p[..., :keys.shape[2]]), values))
     return o.reshape(B, nq, T, D)
 
 
@@ -155,6 +143,20 @@ class SharedPrefix:
         self.mask = torch.zeros(valid.shape, dtype=keys[0].dtype, device=valid.device).masked_fill_(
             ~valid, float("-inf"))[:, None, None]
         self.set_rows(rows)
+
+    def stack(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows' [B, H, L, X] as their prefixes' [U, H, width * L, X] (slots no row takes hold zeros)."""
+        U, m = self.count, self.width
+        if self.slot is not None:
+            x = x.new_zeros((U * m,) + x.shape[1:]).index_copy_(0, self.slot, x)
+        H, L, X = x.shape[1:]
+        return x.reshape(U, m, H, L, X).transpose(1, 2).reshape(U, H, m * L, X)
+
+    def unstack(self, y: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``stack``: prefixes' [U, H, width * L, X] as rows' [B, H, L, X]."""
+        U, H, mL, X = y.shape
+        y = y.view(U, H, self.width, mL // self.width, X).transpose(1, 2).reshape(U * self.width, H, -1, X)
+        return y if self.slot is None else y.index_select(0, self.slot)
 
     def set_rows(self, rows: list[int]) -> None:
         """Row b now reads prefix ``rows[b]``; prefixes no row reads are dropped."""
@@ -174,7 +176,8 @@ class SharedPrefix:
             seen[r] += 1
         self.width = max(seen)
         slots = [r * self.width + s for r, s in zip(rows, slots)]
-        self.slot = None if slots == list(range(self.count * self.width)) else torch.tensor(slots, device=self.mask.device)
+        in_place = slots == list(range(self.count * self.width))
+        self.slot = None if in_place else torch.tensor(slots, device=self.mask.device)
 
 
 def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
@@ -242,8 +245,8 @@ class LeanDecoder:
 
     def shares_prefix(self, device: torch.device) -> bool:
         """Whether ``select_rows`` that repeats rows shares their cache so far (``split_attention``) instead of
-        copying it: on the CPU, whose fused attention returns the log-sum-exp that merging needs (not under a
-        graph, whose step attends over one whole cache)."""
+        copying it: on the CPU, where it was measured (not under a graph, whose step attends over one whole
+        cache)."""
         return device.type == "cpu" and not self.graphed(device)
 
     def select_rows(self, index: torch.Tensor) -> None:
