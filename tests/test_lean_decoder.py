@@ -185,6 +185,9 @@ def test_shared_prefix_decode_matches_transformers(tmp_path):
                 want = model(torch.tensor([seq])).logits[0, -1]
                 torch.testing.assert_close(got[b], want, atol=1e-5, rtol=1e-5)
         assert lean.prefix.count == 1 and lean.prefix.rows == [0, 0, 0]  # no row reads prompt 1's prefix now
+    cpu = torch.device("cpu")  # where the sharing was measured: not in bf16, not on CUDA
+    assert lean.shares_prefix(torch.float32, cpu) and not lean.shares_prefix(torch.bfloat16, cpu)
+    assert not lean.shares_prefix(torch.float32, torch.device("cuda"))
 
 
 def test_engine_lean_and_transformers_paths_sample_the_same(tmp_path):

@@ -28,7 +28,7 @@ cache of its own for the positions after it.  Attention then runs in two parts, 
 (``split_attention``): the scores of every query of a prompt's samples against the prompt's prefix, read once
 per prompt, and of each row's queries against its own positions, under one softmax.  A decode step reads the
 cache more than it computes on it, and at GRPO's 8 samples of a 78-token prompt the prefix is most of what is
-read (docs/performance.md, levers).  On CUDA the samples keep copies of the prefix.
+read (docs/performance.md, levers).  On CUDA and in bf16 the samples keep copies of the prefix.
 
 On CUDA a decode step launches several hundred small kernels, and launching them from Python takes far longer than
 running them (SmolLM2-135M at batch 64 on an H200: docs/performance.md).  With ``cuda_graphs`` on, ``decode``
@@ -243,11 +243,11 @@ class LeanDecoder:
         self._graph = None
         self.keys, self.values, self.key_valid, self.prefix = [], [], None, None
 
-    def shares_prefix(self, device: torch.device) -> bool:
+    def shares_prefix(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether ``select_rows`` that repeats rows shares their cache so far (``split_attention``) instead of
-        copying it: on the CPU, where it was measured (not under a graph, whose step attends over one whole
-        cache)."""
-        return device.type == "cpu" and not self.graphed(device)
+        copying it: on the CPU in float32, where it was measured (``split_attention`` takes its softmax in the
+        cache's dtype; a graph's step attends over one whole cache)."""
+        return device.type == "cpu" and dtype == torch.float32 and not self.graphed(device)
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Row r of the cache becomes row ``index[r]``: prompts prefilled once serve several samples, and
@@ -259,7 +259,7 @@ class LeanDecoder:
         rows = index.tolist()
         if self.prefix is not None:
             self.prefix.set_rows([self.prefix.rows[r] for r in rows])
-        elif len(set(rows)) < len(rows) and self.length and self.shares_prefix(index.device):
+        elif len(set(rows)) < len(rows) and self.length and self.shares_prefix(self.keys[0].dtype, index.device):
             n = self.length
             self.prefix = SharedPrefix([t[:, :, :n].contiguous() for t in self.keys],
                                        [t[:, :, :n].contiguous() for t in self.values], self.key_valid[:, :n], rows)
