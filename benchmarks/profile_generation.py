@@ -9,11 +9,14 @@ tokens), everything else.  One JSON line last on stdout.
 
 ``--device cuda`` runs it on the GPU (the profile then also records the GPU: kernels launched and their time
 per generated token); ``--dtype bf16`` in bf16; ``--random-init`` with random weights of the model's shape (for
-a machine its weights cannot reach; every row then runs to ``--max-new-tokens``); ``--compare-hf`` also times
-transformers' ``generate`` (sampling at temperature 1, the same rows, as many new tokens as the engine's longest
-row) on the same model, so that the two are compared per decode step on the same device.
+a machine its weights cannot reach; every row then runs to ``--max-new-tokens``); ``--no-stop`` makes every row
+run to ``--max-new-tokens`` (the same work in every run, where sampled lengths differ by the last bits of the
+logits); ``--no-shared-prefix`` makes a prompt's samples copy its prefilled cache (the lean decoder's path before
+it shared it); ``--compare-hf`` also times transformers' ``generate`` (sampling at temperature 1, the same rows,
+as many new tokens as the engine's longest row) on the same model, so that the two are compared per decode step
+on the same device.
 
-    .venv/bin/python benchmarks/profile_generation.py     # SmolLM2-135M, 8 x 8 x 256: about 1.5 minutes
+    .venv/bin/python benchmarks/profile_generation.py     # SmolLM2-135M, 8 x 8 x 256: about 4 minutes
     python benchmarks/profile_generation.py --device cuda --dtype bf16 --random-init --compare-hf
 """
 from __future__ import annotations
@@ -177,6 +180,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--random-init", action="store_true", help="random weights of --model's shape (seeded)")
     ap.add_argument("--compare-hf", action="store_true", help="also time transformers' generate (see above)")
+    ap.add_argument("--no-stop", action="store_true",
+                    help="rows ignore the stop tokens: every row runs to --max-new-tokens, the same work in every run")
+    ap.add_argument("--no-shared-prefix", action="store_true",
+                    help="the samples of a prompt copy its prefilled cache instead of sharing it (the lean decoder's "
+                         "path before shared prefixes, and its path on CUDA and in bf16)")
     args = ap.parse_args(argv)
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -186,6 +194,11 @@ def main(argv=None) -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     tok, engine, flat, params, seeds = generation_batch(args)
+    if args.no_stop:
+        params = replace(params, stop_token_ids=[])
+    if args.no_shared_prefix:
+        from hpc_rlhf.engines.lean_decoder import LeanDecoder
+        LeanDecoder.shares_prefix = lambda self, dtype, device: False
     label_attention()
     engine.generate(flat, replace(params, max_new_tokens=2), seeds)  # warm-up (library set-up, kernel choices)
     out, plain_s = timed(lambda: engine.generate(flat, params, seeds), sync)
@@ -193,6 +206,7 @@ def main(argv=None) -> int:
     with profile(activities=activities) as prof:
         _, profiled_s = timed(lambda: engine.generate(flat, params, seeds), sync)
     result = {"device": args.device, "dtype": args.dtype, "random_init": args.random_init,
+              "no_stop": args.no_stop, "shared_prefix": not args.no_shared_prefix,
               "tokens": sum(len(c.token_ids) for c in out), "longest": longest,
               "plain_s": plain_s, "plain_s_per_step": plain_s / longest, "profiled_s": profiled_s,
               **self_time(prof, GROUPS, 12), **(device_time(prof, longest) if cuda else {})}
