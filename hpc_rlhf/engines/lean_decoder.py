@@ -24,9 +24,9 @@ PyTorch would fall back to its unfused math path; on the CPU the folded call is 
 
 Several samples of one prompt share the prompt's cached keys and values.  On the CPU, ``select_rows`` that
 repeats rows keeps the cache written so far once per distinct row (the shared prefix) and gives each sample a
-cache of its own for the positions after it.  Attention then runs in two parts, each with its log-sum-exp
-(``split_attention``): the scores of every query of a prompt's samples against the prompt's prefix, read once
-per prompt, and of each row's queries against its own positions, under one softmax.  A decode step reads the
+cache of its own for the positions after it.  Attention (``split_attention``) then takes the scores of every
+query of a prompt's samples against the prompt's prefix, read once per prompt, and of each row's queries against
+its own positions, under one softmax.  A decode step reads the
 cache more than it computes on it, and at GRPO's 8 samples of a 78-token prompt the prefix is most of what is
 read (docs/performance.md, levers).  On CUDA and in bf16 the samples keep copies of the prefix.
 
