@@ -12,7 +12,8 @@ per generated token); ``--dtype bf16`` in bf16; ``--random-init`` with random we
 a machine its weights cannot reach; every row then runs to ``--max-new-tokens``); ``--no-stop`` makes every row
 run to ``--max-new-tokens`` (the same work in every run, where sampled lengths differ by the last bits of the
 logits); ``--no-shared-prefix`` makes a prompt's samples copy its prefilled cache (the lean decoder's path before
-it shared it); ``--compare-hf`` also times transformers' ``generate`` (sampling at temperature 1, the same rows,
+it shared it), and ``--alternate K`` profiles nothing but times K rounds of the generation copying then sharing it,
+one after the other; ``--compare-hf`` also times transformers' ``generate`` (sampling at temperature 1, the same rows,
 as many new tokens as the engine's longest row) on the same model, so that the two are compared per decode step
 on the same device.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import sys
 import time
@@ -149,6 +151,31 @@ def device_time(prof, steps: int) -> dict:
             "top_kernels": [{"kernel": k[:120], "gpu_s": v[0], "calls": v[1]} for k, v in top]}
 
 
+def share_prefix(on: bool) -> None:
+    """Whether the lean decoder shares a prompt's prefilled cache among its samples (its own rule) or copies it."""
+    from hpc_rlhf.engines.lean_decoder import LeanDecoder
+    if not hasattr(LeanDecoder, "_own_shares_prefix"):
+        LeanDecoder._own_shares_prefix = LeanDecoder.shares_prefix
+    LeanDecoder.shares_prefix = LeanDecoder._own_shares_prefix if on else (lambda self, dtype, device: False)
+
+
+def alternate(engine, flat, params, seeds, rounds: int, sync) -> dict:
+    """``rounds`` rounds of the generation with the prefix copied, then shared, one after the other (no
+    profiler): each run's seconds and tokens, and the median milliseconds per token of each way."""
+    runs = []
+    for _ in range(rounds):
+        for shared in (False, True):
+            share_prefix(shared)
+            out, s = timed(lambda: engine.generate(flat, params, seeds), sync)
+            tokens = sum(len(c.token_ids) for c in out)
+            runs.append({"shared_prefix": shared, "s": s, "tokens": tokens, "ms_per_token": 1e3 * s / tokens})
+            print(f"shared_prefix={shared}: {s:.2f} s, {tokens} tokens", file=sys.stderr)
+    share_prefix(True)
+    median = {f"{'shared' if on else 'copied'}_ms_per_token": statistics.median(
+        r["ms_per_token"] for r in runs if r["shared_prefix"] == on) for on in (False, True)}
+    return {"alternate": runs, **median}
+
+
 def timed(fn, sync) -> tuple[object, float]:
     sync()
     t0 = time.perf_counter()
@@ -182,6 +209,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-hf", action="store_true", help="also time transformers' generate (see above)")
     ap.add_argument("--no-stop", action="store_true",
                     help="rows ignore the stop tokens: every row runs to --max-new-tokens, the same work in every run")
+    ap.add_argument("--alternate", type=int, default=0, metavar="K",
+                    help="no profile: K rounds of the generation with the prefix copied, then shared (see above)")
     ap.add_argument("--no-shared-prefix", action="store_true",
                     help="the samples of a prompt copy its prefilled cache instead of sharing it (the lean decoder's "
                          "path before shared prefixes, and its path on CUDA and in bf16)")
@@ -196,11 +225,13 @@ def main(argv=None) -> int:
     tok, engine, flat, params, seeds = generation_batch(args)
     if args.no_stop:
         params = replace(params, stop_token_ids=[])
-    if args.no_shared_prefix:
-        from hpc_rlhf.engines.lean_decoder import LeanDecoder
-        LeanDecoder.shares_prefix = lambda self, dtype, device: False
+    share_prefix(not args.no_shared_prefix)
     label_attention()
     engine.generate(flat, replace(params, max_new_tokens=2), seeds)  # warm-up (library set-up, kernel choices)
+    if args.alternate:
+        print(json.dumps({"device": args.device, "dtype": args.dtype, "no_stop": args.no_stop,
+                          **alternate(engine, flat, params, seeds, args.alternate, sync)}))
+        return 0
     out, plain_s = timed(lambda: engine.generate(flat, params, seeds), sync)
     longest = max(len(c.token_ids) for c in out)
     with profile(activities=activities) as prof:
