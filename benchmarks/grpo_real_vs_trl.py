@@ -536,6 +536,14 @@ def targets(result: dict) -> dict:
     return out
 
 
+def rounds_label(config: dict) -> str:
+    """How many rounds a run's figures hold, for the plot: the rounds each side ran (``rounds_run``, sides that
+    ran none left out), against those planned where fewer ran (pure)."""
+    ran = sorted({n for n in config.get("rounds_run", {}).values() if n}) or [config["rounds"]]
+    held = f"{ran[0]}" if len(ran) == 1 else f"{ran[0]}-{ran[-1]}"
+    return f"{held} round(s)" if ran[-1] >= config["rounds"] else f"{held} of {config['rounds']} rounds"
+
+
 def plot(result: dict, path: str) -> None:
     """Stacked bars: each side's median seconds per step split by phase."""
     import matplotlib
@@ -566,7 +574,7 @@ def plot(result: dict, path: str) -> None:
         ", random weights" if c.get("random_init") else "")
     missing = [s for s, n in c.get("rounds_run", {}).items() if n == 0]
     ax.set_title(f"GRPO step by phase: SmolLM2-135M ({where})\n{c['prompts']}x{c['samples']} samples, "
-                 f"<= {c['max_new_tokens']} new tokens, {c['rounds']} round(s)"
+                 f"<= {c['max_new_tokens']} new tokens, {rounds_label(c)}"
                  + (f"\ncut off before a round of {', '.join(missing)}" if missing else ""), fontsize=9)
     ax.set_ylim(0, max(bottom) * 1.25 if max(bottom) > 0 else 1)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))

@@ -202,6 +202,14 @@ def test_model_shapes_weights_and_step_rate():
     assert ms.step_rate(per, 3) == pytest.approx(15.0)
 
 
+def test_rounds_label():
+    assert bench.rounds_label({"rounds": 3}) == "3 round(s)"
+    assert bench.rounds_label({"rounds": 3, "rounds_run": {"trl": 3, "hpc_rlhf": 3}}) == "3 round(s)"
+    # stopped in round 3: both sides hold 2 of the 3 planned; a side that ran none is left out
+    assert bench.rounds_label({"rounds": 3, "rounds_run": {"trl": 2, "hpc_rlhf": 2, "x": 0}}) == "2 of 3 rounds"
+    assert bench.rounds_label({"rounds": 3, "rounds_run": {"trl": 2, "hpc_rlhf": 1}}) == "1-2 of 3 rounds"
+
+
 def test_profile_generation_groups():
     import profile_generation as pg
     assert pg.group_of("aten::mm") == "matmul" and pg.group_of("aten::addmm") == "matmul"
