@@ -7,7 +7,9 @@ training split, prompts rendered with the model's chat template, rewarded by hpc
 reference model (beta 0), one optimizer step per batch (at most ``--micro-batch`` rows per forward/backward,
 the rest accumulated, on both sides; hpc_rlhf cuts them where padding costs more than
 ``--micro-batch-overhead`` positions, and runs each distinct prompt once per optimizer step,
-``train.share_prompts``; ``--no-share-prompts``: every sample runs its prompt, as TRL does), fp32
+``train.share_prompts``; ``--no-share-prompts``: every sample runs its prompt, as TRL does; its engine shares a
+prompt's prefilled cache among the prompt's samples, ``rollout.shared_prefix``; ``--no-shared-prefix``: each
+sample copies it), fp32
 (``--dtype bf16``: bf16), the same learning rate.  Sides (``--sides``):
 
   trl             TRL's GRPOTrainer in its best CPU configuration: transformers ``generate`` of the whole
@@ -251,7 +253,8 @@ def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_
     from hpc_rlhf.launch.memory import generating, model_shape
     n = args.prompts * args.samples
     rollout = {"engine": engine, "n_samples_per_prompt": args.samples, "rollout_batch_size": args.prompts,
-               "generate_max_len": args.max_new_tokens, "temperature": 1.0, "max_batch_size": n}
+               "generate_max_len": args.max_new_tokens, "temperature": 1.0, "max_batch_size": n,
+               "shared_prefix": not args.no_shared_prefix}
     if engine == "vllm":  # a KV cache that holds every row at full length, so no row waits or is preempted
         kv = generating(model_shape(model), args.dtype, n, prompt_max_len + args.max_new_tokens)["kv cache"]
         rollout |= {"vllm_max_model_len": prompt_max_len + args.max_new_tokens,
@@ -602,6 +605,8 @@ def parse_args(argv=None):
                          "each, as TRL cuts them)")
     ap.add_argument("--no-share-prompts", action="store_true",
                     help="hpc_rlhf with train.share_prompts=false: each sample runs its own prompt through the actor")
+    ap.add_argument("--no-shared-prefix", action="store_true",
+                    help="hpc_rlhf with rollout.shared_prefix=false: each sample copies its prompt's prefilled cache")
     ap.add_argument("--lr", type=float, default=1e-6, help="learning rate, both sides (default 1e-6)")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                     help="dtype of every side's model (bf16: hpc_rlhf's param_dtype with fp32 master weights in "
@@ -777,6 +782,7 @@ def assemble(args, model: str, data: Path, lengths: list[int], info: dict, limit
                          "rounds_run": {s: len(v) for s, v in rounds.items()},
                          "micro_batch": args.micro_batch, "micro_batch_overhead": args.micro_batch_overhead,
                          "share_prompts": not args.no_share_prompts,
+                         "shared_prefix": not args.no_shared_prefix,
                          "lr": args.lr, "dtype": args.dtype, "device": args.device,
                          "random_init": args.random_init,
                          "trl_generation": args.trl_generation, "async_engine": args.async_engine,

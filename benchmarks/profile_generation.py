@@ -151,26 +151,17 @@ def device_time(prof, steps: int) -> dict:
             "top_kernels": [{"kernel": k[:120], "gpu_s": v[0], "calls": v[1]} for k, v in top]}
 
 
-def share_prefix(on: bool) -> None:
-    """Whether the lean decoder shares a prompt's prefilled cache among its samples (its own rule) or copies it."""
-    from hpc_rlhf.engines.lean_decoder import LeanDecoder
-    if not hasattr(LeanDecoder, "_own_shares_prefix"):
-        LeanDecoder._own_shares_prefix = LeanDecoder.shares_prefix
-    LeanDecoder.shares_prefix = LeanDecoder._own_shares_prefix if on else (lambda self, dtype, device: False)
-
-
 def alternate(engine, flat, params, seeds, rounds: int, sync) -> dict:
     """``rounds`` rounds of the generation with the prefix copied, then shared, one after the other (no
     profiler): each run's seconds and tokens, and the median milliseconds per token of each way."""
     runs = []
     for _ in range(rounds):
         for shared in (False, True):
-            share_prefix(shared)
+            engine._lean.shared_prefix = shared
             out, s = timed(lambda: engine.generate(flat, params, seeds), sync)
             tokens = sum(len(c.token_ids) for c in out)
             runs.append({"shared_prefix": shared, "s": s, "tokens": tokens, "ms_per_token": 1e3 * s / tokens})
             print(f"shared_prefix={shared}: {s:.2f} s, {tokens} tokens", file=sys.stderr)
-    share_prefix(True)
     median = {f"{'shared' if on else 'copied'}_ms_per_token": statistics.median(
         r["ms_per_token"] for r in runs if r["shared_prefix"] == on) for on in (False, True)}
     return {"alternate": runs, **median}
@@ -225,7 +216,8 @@ def main(argv=None) -> int:
     tok, engine, flat, params, seeds = generation_batch(args)
     if args.no_stop:
         params = replace(params, stop_token_ids=[])
-    share_prefix(not args.no_shared_prefix)
+    if engine._lean is not None:
+        engine._lean.shared_prefix = not args.no_shared_prefix
     label_attention()
     engine.generate(flat, replace(params, max_new_tokens=2), seeds)  # warm-up (library set-up, kernel choices)
     if args.alternate:

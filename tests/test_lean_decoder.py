@@ -202,6 +202,23 @@ def test_engine_lean_and_transformers_paths_sample_the_same(tmp_path):
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
 
 
+def test_shared_and_copied_prefix_sample_the_same(tmp_path):
+    """A prompt's samples sharing its prefilled cache (the default on the CPU in fp32) sample the tokens and
+    log-probabilities of samples that copy it: repeated prompts, rows finishing early (a quarter of the vocabulary
+    stops them) so the batch shrinks unevenly."""
+    from hpc_rlhf.models.tiny import build_tiny_model
+    path = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64, seed=3)
+    prompts = [[40, 41, 42]] * 4 + [[50]] * 3 + [[60, 61, 62, 63, 64]] * 4
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=list(range(64)))
+    seeds = list(range(len(prompts)))
+    shared, copied = HFEngine(path), HFEngine(path, shared_prefix=False)
+    a, b = shared.generate(prompts, params, seeds), copied.generate(prompts, params, seeds)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert len({len(c.token_ids) for c in a}) > 2  # rows ended at different steps
+    for x, y in zip(a, b):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+
+
 def test_the_cache_is_freed_when_a_generation_ends(tmp_path):
     """Between generations the lean decoder holds no cache (a colocated actor trains in that memory); the next
     generation, and every batch of one split by max_batch_size, allocates its own and samples the same."""
@@ -290,6 +307,9 @@ def test_rollout_lean_decoder_switch(tmp_path):
     assert rollout_engine(load_config(RLConfig, None, rl + ["rollout.lean_decoder=false"]), "cpu")._lean is None
     assert rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean.cuda_graphs
     assert not rollout_engine(load_config(RLConfig, None, rl + ["rollout.cuda_graphs=false"]), "cpu")._lean.cuda_graphs
+    assert rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean.shared_prefix
+    lean = rollout_engine(load_config(RLConfig, None, rl + ["rollout.shared_prefix=false"]), "cpu")._lean
+    assert not lean.shared_prefix and not lean.shares_prefix(torch.float32, torch.device("cpu"))
     gen = load_config(GenerateConfig, None, [f"pretrain={path}", "prompt_data=p.jsonl", "output_path=o.jsonl",
                                              "lean_decoder=false"]).model
     assert make_engine(gen, gen.pretrain, "fp32", "cpu", 4)._lean is None

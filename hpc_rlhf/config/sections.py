@@ -19,6 +19,10 @@ class EngineOptions:
     cuda_graphs: bool = field(True, help="hf engine with the lean decoder on CUDA: replay each decode step as one CUDA "
                                          "graph, captured once per batch (finished rows then stay in the batch); "
                                          "false: launch its kernels one by one")
+    shared_prefix: bool = field(True, help="hf engine with the lean decoder on the CPU in fp32: a prompt's samples "
+                                           "share its prefilled cache (its keys and values kept once, attended to "
+                                           "once per prompt); false: each sample holds a copy (as on CUDA and in "
+                                           "bf16)")
     vllm_max_model_len: int | None = field(None, ge=1, help="vllm: longest prompt + response (default: the model's)")
     vllm_cpu_kv_cache_gib: int = field(1, ge=1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
     vllm_gpu_memory_utilization: float = field(0.5, gt=0, le=1,

@@ -192,7 +192,7 @@ def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -
 
 
 class LeanDecoder:
-    def __init__(self, model: torch.nn.Module, cuda_graphs: bool = True):
+    def __init__(self, model: torch.nn.Module, cuda_graphs: bool = True, shared_prefix: bool = True):
         if not lean_supported(model):
             raise ValueError(f"the lean decoder does not support {type(model).__name__}")
         cfg = model.config
@@ -203,6 +203,7 @@ class LeanDecoder:
         self.scale = self.head_dim ** -0.5
         self._packed_key: tuple | None = None
         self.cuda_graphs = cuda_graphs
+        self.shared_prefix = shared_prefix  # off: repeated rows copy the cache everywhere
         self._graph: _DecodeGraph | None = None
 
     def _pack(self) -> None:
@@ -245,9 +246,9 @@ class LeanDecoder:
 
     def shares_prefix(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether ``select_rows`` that repeats rows shares their cache so far (``split_attention``) instead of
-        copying it: on the CPU in float32, where it was measured (``split_attention`` takes its softmax in the
-        cache's dtype; a graph's step attends over one whole cache)."""
-        return device.type == "cpu" and dtype == torch.float32 and not self.graphed(device)
+        copying it: where ``shared_prefix`` is on, on the CPU in float32, where it was measured
+        (``split_attention`` takes its softmax in the cache's dtype; a graph's step attends over one whole cache)."""
+        return self.shared_prefix and device.type == "cpu" and dtype == torch.float32 and not self.graphed(device)
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Row r of the cache becomes row ``index[r]``: prompts prefilled once serve several samples, and
