@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import os
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -218,6 +218,8 @@ def main(argv=None) -> int:
         params = replace(params, stop_token_ids=[])
     if engine._lean is not None:
         engine._lean.shared_prefix = not args.no_shared_prefix
+    elif args.alternate:
+        ap.error(f"--alternate: {args.model} does not decode through the lean decoder")
     label_attention()
     engine.generate(flat, replace(params, max_new_tokens=2), seeds)  # warm-up (library set-up, kernel choices)
     if args.alternate:
