@@ -26,9 +26,9 @@ Several samples of one prompt share the prompt's cached keys and values.  On the
 repeats rows keeps the cache written so far once per distinct row (the shared prefix) and gives each sample a
 cache of its own for the positions after it.  Attention (``split_attention``) then takes the scores of every
 query of a prompt's samples against the prompt's prefix, read once per prompt, and of each row's queries against
-its own positions, under one softmax.  A decode step reads the
-cache more than it computes on it, and at GRPO's 8 samples of a 78-token prompt the prefix is most of what is
-read (docs/performance.md, levers).  On CUDA and in bf16 the samples keep copies of the prefix.
+its own positions, under one softmax.  A decode step reads the cache more than it computes on it, and at GRPO's
+8 samples of a 78-token prompt the prefix is most of what is read (docs/performance.md, levers).  On CUDA and in
+bf16 the samples keep copies of the prefix.
 
 On CUDA a decode step launches several hundred small kernels, and launching them from Python takes far longer than
 running them (SmolLM2-135M at batch 64 on an H200: docs/performance.md).  With ``cuda_graphs`` on, ``decode``
@@ -96,17 +96,30 @@ def _fused(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
     return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
 
 
+def _per_query_head(mask: torch.Tensor, g: int) -> torch.Tensor:
+    """A mask [B, 1, T or 1, S] for query rows folded g query heads per key/value head: each of the g heads has the
+    same T rows, [B, 1, g * T, S] (a one-row mask broadcasts as it is)."""
+    if mask.shape[-2] == 1:
+        return mask
+    B, _, T, S = mask.shape
+    return mask[:, :, None].expand(B, 1, g, T, S).reshape(B, 1, g * T, S)
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as an additive one: 0 where allowed, -inf elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                       scale: float) -> torch.Tensor:
     """Attention of ``q`` [B, nq, T, D] over ``k``, ``v`` [B, nkv, S, D] (nq a multiple of nkv; query head h
     reads key/value head h // (nq / nkv), as ``enable_gqa``) with a boolean ``mask`` [B, 1, T or 1, S], as nkv
     heads of (nq / nkv) × T query rows each: the same result with equal head counts."""
     B, nq, T, D = q.shape
-    nkv, S = k.shape[1], k.shape[2]
+    nkv = k.shape[1]
     g = nq // nkv
-    if mask.shape[-2] != 1:  # each of a key/value head's g query heads has the same T mask rows
-        mask = mask[:, :, None].expand(B, 1, g, T, S).reshape(B, 1, g * T, S)
-    o = F.scaled_dot_product_attention(q.reshape(B, nkv, g * T, D), k, v, attn_mask=mask, scale=scale)
+    o = F.scaled_dot_product_attention(q.reshape(B, nkv, g * T, D), k, v, attn_mask=_per_query_head(mask, g),
+                                       scale=scale)
     return o.reshape(B, nq, T, D)
 
 
@@ -122,9 +135,7 @@ def split_attention(q: torch.Tensor, prefix: "SharedPrefix", layer: int, k: torc
     L = (nq // nkv) * T  # query rows per key/value head
     rows = (q * scale).reshape(B, nkv, L, D)
     keys, values = prefix.keys[layer], prefix.values[layer]
-    if mask.shape[-2] != 1:  # each of a key/value head's query heads has the same T mask rows
-        mask = mask[:, :, None].expand(B, 1, L // T, T, mask.shape[-1]).reshape(B, 1, L, mask.shape[-1])
-    own = torch.matmul(rows, k.transpose(-1, -2)).add_(mask)  # [B, nkv, L, S]
+    own = torch.matmul(rows, k.transpose(-1, -2)).add_(_per_query_head(mask, L // T))  # [B, nkv, L, S]
     shared = prefix.unstack(torch.matmul(prefix.stack(rows), keys.transpose(-1, -2)).add_(prefix.mask))
     p = torch.softmax(torch.cat([shared, own], dim=-1), dim=-1)
     o = torch.matmul(p[..., keys.shape[2]:], v)
@@ -140,8 +151,7 @@ class SharedPrefix:
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], valid: torch.Tensor, rows: list[int]):
         self.keys, self.values = keys, values
-        self.mask = torch.zeros(valid.shape, dtype=keys[0].dtype, device=valid.device).masked_fill_(
-            ~valid, float("-inf"))[:, None, None]
+        self.mask = _additive(valid, keys[0].dtype)[:, None, None]
         self.set_rows(rows)
 
     def stack(self, x: torch.Tensor) -> torch.Tensor:
@@ -230,7 +240,6 @@ class LeanDecoder:
         self.key_valid = torch.zeros((batch, capacity), dtype=torch.bool, device=device)
         self.length, self.capacity = 0, capacity
         self.prefix: SharedPrefix | None = None
-        self.offset = 0  # the cache position of self.keys' first slot: the shared prefix's length
         probe = torch.zeros((1, capacity, 1), dtype=dtype, device=device)
         cos, sin = self.body.rotary_emb(probe, torch.arange(capacity, device=device)[None])
         half = self.head_dim // 2
@@ -243,6 +252,11 @@ class LeanDecoder:
         and a colocated actor trains in that memory)."""
         self._graph = None
         self.keys, self.values, self.key_valid, self.prefix = [], [], None, None
+
+    @property
+    def offset(self) -> int:
+        """The cache position of the row caches' first slot: the shared prefix's length (0 without one)."""
+        return 0 if self.prefix is None else self.prefix.keys[0].shape[2]
 
     def shares_prefix(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether ``select_rows`` that repeats rows shares their cache so far (``split_attention``) instead of
@@ -268,7 +282,6 @@ class LeanDecoder:
             self.keys = [t.new_empty(shape) for t in self.keys]
             self.values = [t.new_empty(shape) for t in self.values]
             self.key_valid = self.key_valid.new_zeros((len(rows), self.capacity - n))
-            self.offset = n
             return
 
         def pick(t: torch.Tensor) -> torch.Tensor:  # zeros past the written slots: a graphed step reads them
@@ -294,7 +307,7 @@ class LeanDecoder:
             allowed = allowed[:, None]
         if self.prefix is None:
             return allowed
-        return torch.zeros(allowed.shape, dtype=self.keys[0].dtype, device=device).masked_fill_(~allowed, float("-inf"))
+        return _additive(allowed, self.keys[0].dtype)
 
     def graphed(self, device: torch.device) -> bool:
         """Whether ``decode`` replays CUDA graphs on ``device``."""
