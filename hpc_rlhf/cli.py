@@ -4,17 +4,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .agents import AgentError
-from .checkpoint.store import CheckpointError
-from .commands import setup_logging
-from .config import ConfigError
-from .data.rows import DataError
-from .distributed.rendezvous import adopt_slurm_rendezvous
-from .engines.deepspeed_strategy import configure_deepspeed_env
-from .entrypoints import demo, pipelines, tools, train
-from .models.gguf import GGUFImportError
-from .models.loading import HubOfflineError
-from .rewards.types import RewardError
+from .distributed.openmp import load_torch
+
+load_torch()  # first: how OpenMP threads wait is fixed when torch loads it (distributed/openmp.py)
+
+from .agents import AgentError  # noqa: E402
+from .checkpoint.store import CheckpointError  # noqa: E402
+from .commands import setup_logging  # noqa: E402
+from .config import ConfigError  # noqa: E402
+from .data.rows import DataError  # noqa: E402
+from .distributed.rendezvous import adopt_slurm_rendezvous  # noqa: E402
+from .engines.deepspeed_strategy import configure_deepspeed_env  # noqa: E402
+from .entrypoints import demo, pipelines, tools, train  # noqa: E402
+from .models.gguf import GGUFImportError  # noqa: E402
+from .models.loading import HubOfflineError  # noqa: E402
+from .rewards.types import RewardError  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,19 +14,25 @@ of every rank once the requeued job finishes.
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import submitit
-from submitit.slurm import slurm as submitit_slurm
+from ..distributed.openmp import load_torch
 
-from .. import commands
-from ..distributed.rendezvous import adopt_slurm_rendezvous
-from .job import JobComponent, components
-from .plan import python_command
-from .sbatch import render
+if "SLURM_STEP_ID" in os.environ:  # a task of the job unpickling TrainTask, not the process that submits it
+    load_torch()  # before anything loads torch (distributed/openmp.py)
+
+import submitit  # noqa: E402
+from submitit.slurm import slurm as submitit_slurm  # noqa: E402
+
+from .. import commands  # noqa: E402
+from ..distributed.rendezvous import adopt_slurm_rendezvous  # noqa: E402
+from .job import JobComponent, components  # noqa: E402
+from .plan import python_command  # noqa: E402
+from .sbatch import render  # noqa: E402
 
 
 class HetAwareWatcher(submitit_slurm.SlurmInfoWatcher):

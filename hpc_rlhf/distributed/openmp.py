@@ -1,0 +1,76 @@
+"""How a rank's OpenMP threads wait between parallel regions, chosen before torch loads its OpenMP runtime.
+
+libgomp (torch's OpenMP on Linux) reads ``OMP_WAIT_POLICY`` once, as it loads.  Unset, a worker thread that
+finds no work spins a short while and then sleeps on a futex, and the next parallel region waits for it to wake.
+A decode step is thousands of small parallel regions with Python between them.  In the RL loop, after the first
+training step those stretches of Python (slower allocations in a heap the training step left behind) outlast
+the spin: measured on SmolLM2-135M, 8 x 8 samples, 2 threads, the same step's generation took 44.5 s with the
+default and 34.8 s with ``ACTIVE`` (the first step's: 32.6 and 33.5 s); 27% of the CPU time of the slow run
+was idle (docs/performance.md).
+
+With ``ACTIVE`` an idle worker spins until the next region.  That costs nothing when each thread has a core
+of its own, and takes cores from other processes when ranks share them.  So ``load_torch`` sets it only when
+the user did not set ``OMP_WAIT_POLICY``, the rank runs more than one thread, and the threads of the ranks
+that share this process's CPUs fit on them (the local launcher's and SLURM's defaults).  The variable is set
+for the import only: processes this one starts (vLLM's engine, reward servers, the launcher's ranks, which
+choose for themselves) do not inherit it.
+
+This module imports nothing that imports torch: ``cli.py`` and ``launch/submit.py`` call ``load_torch``
+before their other imports.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+ACTIVE = "ACTIVE"
+
+
+def wait_policy(threads: int, ranks_sharing: int, cpus: int) -> str | None:
+    """``ACTIVE`` when a rank of ``threads`` OpenMP threads and the ``ranks_sharing`` ranks (itself
+    included) that share its ``cpus`` CPUs all fit, one thread a CPU, and it has worker threads at all
+    (``threads`` > 1); otherwise None: libgomp's default (pure)."""
+    if threads < 1 or ranks_sharing < 1 or cpus < 1:
+        raise ValueError(f"wait_policy: threads, ranks_sharing and cpus must be >= 1, got {threads}, "
+                         f"{ranks_sharing}, {cpus}")
+    return ACTIVE if threads > 1 and threads * ranks_sharing <= cpus else None
+
+
+def rank_threads(env, cpus: int) -> tuple[int, int]:
+    """(OpenMP threads of this rank, ranks sharing its CPUs) from ``env``: ``OMP_NUM_THREADS`` (else torch's
+    default, one a CPU) and ``LOCAL_WORLD_SIZE`` (set by the local launcher and torchrun, whose ranks share the
+    machine's CPUs; else 1: alone, or an srun task bound to its own CPUs)."""
+    def number(name: str, default: int) -> int:
+        raw = env.get(name) or ""
+        try:
+            return int(raw) if raw else default
+        except ValueError:
+            raise ValueError(f"{name}={raw!r} is not a whole number") from None
+    return number("OMP_NUM_THREADS", cpus), number("LOCAL_WORLD_SIZE", 1)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: an srun task's own CPUs)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def load_torch(env=None) -> str | None:
+    """Import torch with the wait policy ``wait_policy`` picks for this rank; returns the policy set, None when
+    OpenMP was left alone (the user's ``OMP_WAIT_POLICY``, threads that share cores, or torch already
+    loaded: then it is too late to choose)."""
+    env = os.environ if env is None else env
+    if "torch" in sys.modules or "OMP_WAIT_POLICY" in env:
+        return None
+    cpus = usable_cpus()
+    try:
+        policy = wait_policy(*rank_threads(env, cpus), cpus)
+    except ValueError:  # an OMP_NUM_THREADS of libgomp's other forms ("4,2"): the user's to handle
+        policy = None
+    if policy is not None:
+        env["OMP_WAIT_POLICY"] = policy
+    try:
+        import torch  # noqa: F401  (libgomp reads the variable as it loads)
+    finally:
+        if policy is not None:
+            del env["OMP_WAIT_POLICY"]
+    return policy
