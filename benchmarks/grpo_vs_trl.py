@@ -10,7 +10,9 @@ reward function.  Three sides:
   hpc_rlhf_async  `hpc-rlhf train rl` with train.async_train: actor+reward on one rank, the rollout on
                   another, which generates step t+1's samples while step t trains (one step off-policy)
 
-Each run is a child process, so no side inherits another's threads or caches.  The order of the sides
+Each run is a child process, so no side inherits another's threads or caches.  TRL's gets the OpenMP wait
+policy that hpc_rlhf's ranks pick on these cores (``hpc_rlhf.distributed.openmp``: ACTIVE when the threads
+have cores of their own; ``--trl-omp-default`` leaves it to libgomp's default).  The order of the sides
 rotates over ``--rounds`` rounds, so a slow spell of a shared machine does not land on one side only.
 A round's figure is the mean seconds per step after the first ``--warmup`` steps, leaving out the last
 step (an async run has no next step to generate then, so its last step is cheaper); each side's result
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -132,10 +135,14 @@ def timed_mean(times: list[float], warmup: int) -> float:
     return sum(timed) / len(timed)
 
 
-def run_trl_child(model: str, steps: int, root: Path) -> list[float]:
+def run_trl_child(model: str, steps: int, root: Path, omp_default: bool) -> list[float]:
+    """TRL's run in a process of its own, with the OpenMP wait policy hpc_rlhf's ranks get on these cores
+    (``openmp.alone_policy``) unless ``omp_default``."""
+    from hpc_rlhf.distributed.openmp import alone_policy
     out = root / "trl_times.json"
     subprocess.run([sys.executable, __file__, "--_trl", model, str(steps), str(out)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env=os.environ if omp_default else {**os.environ, **alone_policy()})
     return json.loads(out.read_text())
 
 
@@ -144,6 +151,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="runs of each side, the order rotating every round")
+    ap.add_argument("--trl-omp-default", action="store_true",
+                    help="TRL's process with libgomp's default OMP_WAIT_POLICY, not the one hpc_rlhf's ranks get")
     ap.add_argument("--breakdown", action="store_true", help="print each round and hpc_rlhf's time per phase to stderr")
     args = ap.parse_args()
     w = args.warmup
@@ -157,7 +166,7 @@ def main() -> None:
         for r in range(args.rounds):
             for side in sides[r % 3:] + sides[:r % 3]:
                 if side == "trl":
-                    times = run_trl_child(model, args.steps, root)
+                    times = run_trl_child(model, args.steps, root, args.trl_omp_default)
                 else:
                     rows = run_ours(configs[side])
                     times = [row["time/step_s"] for row in rows]

@@ -278,3 +278,15 @@ def test_a_time_limit_signal_ends_the_run_with_the_rounds_before_it(tmp_path, mo
     assert got["sides"]["trl"]["s_per_step"] == 10.0
     assert json.loads((tmp_path / "keep" / "limits.json").read_text()) == limits
     assert [json.loads(x)["side"] for x in (tmp_path / "keep" / "rounds.jsonl").read_text().splitlines()] == ["trl"]
+
+
+def test_trl_gets_the_wait_policy_of_hpc_rlhfs_ranks(monkeypatch):
+    from hpc_rlhf.distributed import openmp
+    monkeypatch.setattr(openmp, "usable_cpus", lambda: 4)
+    assert bench.trl_openmp(False, {}) == {"OMP_WAIT_POLICY": "ACTIVE"}  # torch's 4 threads on 4 CPUs
+    assert bench.trl_openmp(False, {"OMP_NUM_THREADS": "8"}) == {}  # more threads than CPUs: libgomp's default
+    assert bench.trl_openmp(True, {}) == {}  # --trl-omp-default
+    assert bench.trl_openmp(False, {"OMP_WAIT_POLICY": "PASSIVE"}) == {}  # the user's, inherited as it is
+    assert bench.trl_openmp(False, {"GOMP_SPINCOUNT": "300000"}) == {}
+    monkeypatch.setattr(openmp, "usable_cpus", lambda: 1)
+    assert bench.trl_openmp(False, {}) == {}  # one thread: no worker waits

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_rlhf.distributed.openmp import ACTIVE, rank_threads, usable_cpus, wait_policy
+from hpc_rlhf.distributed.openmp import ACTIVE, rank_threads, usable_cpus, user_chose, wait_policy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,8 @@ def test_rank_threads_reads_the_launchers_variables():
 
 def _libgomp_policy(code: str, **env) -> tuple[str, str]:
     """(the OMP_WAIT_POLICY libgomp reports as it loads, the child's stdout) for ``python -c code``."""
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")}
+    chosen = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")
+    base = {k: v for k, v in os.environ.items() if k not in chosen}
     out = subprocess.run([sys.executable, "-c", code], env={**base, "OMP_DISPLAY_ENV": "true", **env},
                          capture_output=True, text=True, timeout=120, cwd=REPO, check=True)
     found = re.findall(r"OMP_WAIT_POLICY = '(\w+)'", out.stderr)
@@ -65,6 +66,16 @@ def test_the_cli_loads_openmp_with_the_rule_and_children_do_not_inherit_it():
     assert policy == (ACTIVE if wait_policy(2, 2, usable_cpus()) else default)
 
 
+def test_user_chose():
+    assert not user_chose({"OMP_NUM_THREADS": "2"})
+    assert user_chose({"OMP_WAIT_POLICY": "passive"})
+    assert user_chose({"GOMP_SPINCOUNT": "300000"})
+
+
 def test_a_users_wait_policy_stands():
     policy, child_sees = _libgomp_policy(CHILD_ENV, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="PASSIVE")
     assert (policy, child_sees) == ("PASSIVE", "PASSIVE")
+    # libgomp's own default kept by its spin count: the policy libgomp reports unset is the one it reports here
+    default, _ = _libgomp_policy("import torch", OMP_NUM_THREADS="1")
+    policy, child_sees = _libgomp_policy(CHILD_ENV, OMP_NUM_THREADS="2", GOMP_SPINCOUNT="300000")
+    assert (policy, child_sees) == (default, "None")

@@ -10,7 +10,8 @@ was idle (docs/performance.md).
 
 With ``ACTIVE`` an idle worker spins until the next region.  That costs nothing when each thread has a core
 of its own, and takes cores from other processes when ranks share them.  So ``load_torch`` sets it only when
-the user did not set ``OMP_WAIT_POLICY``, the rank runs more than one thread, and the threads of the ranks
+the user did not set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (``GOMP_SPINCOUNT=300000`` keeps libgomp's
+default), the rank runs more than one thread, and the threads of the ranks
 that share this process's CPUs fit on them (the local launcher's and SLURM's defaults).  The variable is set
 for the import only: processes this one starts (vLLM's engine, reward servers, the launcher's ranks, which
 choose for themselves) do not inherit it.
@@ -36,6 +37,12 @@ def wait_policy(threads: int, ranks_sharing: int, cpus: int) -> str | None:
     return ACTIVE if threads > 1 and threads * ranks_sharing <= cpus else None
 
 
+def user_chose(env) -> bool:
+    """Whether ``env`` sets how libgomp waits: ``OMP_WAIT_POLICY``, or ``GOMP_SPINCOUNT`` (libgomp's default
+    is ``GOMP_SPINCOUNT=300000``: set it to keep that)."""
+    return "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env
+
+
 def rank_threads(env, cpus: int) -> tuple[int, int]:
     """(OpenMP threads of this rank, ranks sharing its CPUs) from ``env``: ``OMP_NUM_THREADS`` (else torch's
     default, one a CPU) and ``LOCAL_WORLD_SIZE`` (set by the local launcher and torchrun, whose ranks share the
@@ -54,12 +61,27 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def alone_policy(env=None) -> dict:
+    """The environment that gives a process of torch's default threads started alone on these CPUs (another
+    framework's, beside a rank in a benchmark) the wait policy a rank here would get: {"OMP_WAIT_POLICY": ...},
+    or {} when that is libgomp's default or the user chose (``user_chose``: the child inherits their setting)."""
+    env = os.environ if env is None else env
+    if user_chose(env):
+        return {}
+    cpus = usable_cpus()
+    try:
+        policy = wait_policy(rank_threads({"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "")}, cpus)[0], 1, cpus)
+    except ValueError:
+        return {}
+    return {"OMP_WAIT_POLICY": policy} if policy else {}
+
+
 def load_torch(env=None) -> str | None:
     """Import torch with the wait policy ``wait_policy`` picks for this rank; returns the policy set, None when
-    OpenMP was left alone (the user's ``OMP_WAIT_POLICY``, threads that share cores, or torch already
-    loaded: then it is too late to choose)."""
+    OpenMP was left alone (the user's ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``, threads that share cores, or
+    torch already loaded: then it is too late to choose)."""
     env = os.environ if env is None else env
-    if "torch" in sys.modules or "OMP_WAIT_POLICY" in env:
+    if "torch" in sys.modules or user_chose(env):
         return None
     cpus = usable_cpus()
     try:
