@@ -800,7 +800,8 @@ def assemble(args, model: str, data: Path, lengths: list[int], info: dict, limit
                          "lr": args.lr, "dtype": args.dtype, "device": args.device,
                          "random_init": args.random_init,
                          "trl_generation": args.trl_generation, "async_engine": args.async_engine,
-                         "trl_omp_wait_policy": trl_openmp(args.trl_omp_default).get("OMP_WAIT_POLICY", "default"),
+                         "trl_omp_wait_policy": (os.environ | trl_openmp(args.trl_omp_default)).get("OMP_WAIT_POLICY",
+                                                                                                 "default"),
                          "model": model, "data": str(data), "prompt_tokens_mean": mean(lengths),
                          "prompt_max_len": max(lengths), **info},
               "limits": limits, "skipped": skipped, "sides": {}}

@@ -3,18 +3,17 @@
 libgomp (torch's OpenMP on Linux) reads ``OMP_WAIT_POLICY`` once, as it loads.  Unset, a worker thread that
 finds no work spins a short while and then sleeps on a futex, and the next parallel region waits for it to wake.
 A decode step is thousands of small parallel regions with Python between them.  In the RL loop, after the first
-training step those stretches of Python (slower allocations in a heap the training step left behind) outlast
-the spin: measured on SmolLM2-135M, 8 x 8 samples, 2 threads, the same step's generation took 44.5 s with the
-default and 34.8 s with ``ACTIVE`` (the first step's: 32.6 and 33.5 s); 27% of the CPU time of the slow run
-was idle (docs/performance.md).
+training step, those stretches of Python (allocations in the heap the training step left behind) outlast the
+spin: during the second step's generation 27% of the machine's CPU time was idle, and the benchmark's
+hpc_rlhf side (SmolLM2-135M, 8 x 8 samples, 2 threads on 2 cores) generated in 44.7 s a step with libgomp's
+default against 34.0 s with ``ACTIVE`` (docs/performance.md).
 
 With ``ACTIVE`` an idle worker spins until the next region.  That costs nothing when each thread has a core
 of its own, and takes cores from other processes when ranks share them.  So ``load_torch`` sets it only when
 the user did not set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (``GOMP_SPINCOUNT=300000`` keeps libgomp's
-default), the rank runs more than one thread, and the threads of the ranks
-that share this process's CPUs fit on them (the local launcher's and SLURM's defaults).  The variable is set
-for the import only: processes this one starts (vLLM's engine, reward servers, the launcher's ranks, which
-choose for themselves) do not inherit it.
+default), the rank runs more than one thread, and the threads of the ranks that share this process's CPUs fit
+on them (the local launcher's and SLURM's defaults).  The variable is set for the import only: processes this
+one starts (vLLM's engine, reward servers, the launcher's ranks, which choose for themselves) do not inherit it.
 
 This module imports nothing that imports torch: ``cli.py`` and ``launch/submit.py`` call ``load_torch``
 before their other imports.
