@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_rlhf.distributed.openmp import ACTIVE, rank_threads, usable_cpus, user_chose, wait_policy
+from hpc_rlhf.distributed.openmp import ACTIVE, policy_for, rank_threads, usable_cpus, user_chose, wait_policy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,6 +38,15 @@ def test_rank_threads_reads_the_launchers_variables():
     assert rank_threads({"OMP_NUM_THREADS": ""}, 6) == (6, 1)
     with pytest.raises(ValueError, match=r"OMP_NUM_THREADS='4,2' is not a whole number"):
         rank_threads({"OMP_NUM_THREADS": "4,2"}, 8)
+
+
+def test_policy_for_leaves_the_users_choices_alone():
+    assert policy_for({"OMP_NUM_THREADS": "2"}, 2) == ACTIVE
+    assert policy_for({"OMP_NUM_THREADS": "2", "LOCAL_WORLD_SIZE": "2"}, 2) is None
+    assert policy_for({"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}, 2) is None
+    assert policy_for({"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "300000"}, 2) is None
+    assert policy_for({"OMP_NUM_THREADS": "2,1"}, 4) is None  # libgomp's nested form: not a count to judge
+    assert policy_for({"OMP_NUM_THREADS": "0"}, 4) is None
 
 
 def _libgomp_policy(code: str, **env) -> tuple[str, str]:

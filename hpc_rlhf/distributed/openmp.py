@@ -60,33 +60,34 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def policy_for(env, cpus: int) -> str | None:
+    """``wait_policy`` for the rank ``env`` describes on ``cpus`` CPUs; None when the user chose
+    (``user_chose``) or ``OMP_NUM_THREADS`` is one of libgomp's other forms ("4,2"): theirs to handle."""
+    if user_chose(env):
+        return None
+    try:
+        return wait_policy(*rank_threads(env, cpus), cpus)
+    except ValueError:
+        return None
+
+
 def alone_policy(env=None) -> dict:
     """The environment that gives a process of torch's default threads started alone on these CPUs (another
     framework's, beside a rank in a benchmark) the wait policy a rank here would get: {"OMP_WAIT_POLICY": ...},
-    or {} when that is libgomp's default or the user chose (``user_chose``: the child inherits their setting)."""
+    or {} when that is libgomp's default or the user chose (the child inherits their setting)."""
     env = os.environ if env is None else env
-    if user_chose(env):
-        return {}
-    cpus = usable_cpus()
-    try:
-        policy = wait_policy(rank_threads({"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "")}, cpus)[0], 1, cpus)
-    except ValueError:
-        return {}
+    policy = policy_for({k: v for k, v in env.items() if k != "LOCAL_WORLD_SIZE"}, usable_cpus())
     return {"OMP_WAIT_POLICY": policy} if policy else {}
 
 
 def load_torch(env=None) -> str | None:
-    """Import torch with the wait policy ``wait_policy`` picks for this rank; returns the policy set, None when
-    OpenMP was left alone (the user's ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``, threads that share cores, or
-    torch already loaded: then it is too late to choose)."""
+    """Import torch with the wait policy ``policy_for`` picks for this rank; returns the policy set, None when
+    OpenMP was left alone (the user's choice, threads that share cores, or torch already loaded: then it is too
+    late to choose)."""
     env = os.environ if env is None else env
-    if "torch" in sys.modules or user_chose(env):
+    if "torch" in sys.modules:
         return None
-    cpus = usable_cpus()
-    try:
-        policy = wait_policy(*rank_threads(env, cpus), cpus)
-    except ValueError:  # an OMP_NUM_THREADS of libgomp's other forms ("4,2"): the user's to handle
-        policy = None
+    policy = policy_for(env, usable_cpus())
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
     try:
