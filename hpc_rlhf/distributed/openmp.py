@@ -4,7 +4,7 @@ libgomp (torch's OpenMP on Linux) reads ``OMP_WAIT_POLICY`` once, as it loads.  
 finds no work spins a short while and then sleeps on a futex, and the next parallel region waits for it to wake.
 A decode step is thousands of small parallel regions with Python between them.  In the RL loop, after the first
 training step, those stretches of Python (allocations in the heap the training step left behind) outlast the
-spin: during the second step's generation 27% of the machine's CPU time was idle, and the benchmark's
+spin: during the second step's generation about a quarter of the CPU time was idle, and the benchmark's
 hpc_rlhf side (SmolLM2-135M, 8 x 8 samples, 2 threads on 2 cores) generated in 44.7 s a step with libgomp's
 default against 34.0 s with ``ACTIVE`` (docs/performance.md).
 
