@@ -6,7 +6,8 @@ import sys
 
 from .distributed.openmp import load_torch
 
-load_torch()  # first: how OpenMP threads wait is fixed when torch loads it (distributed/openmp.py)
+if sys.argv[1:2] == ["train"]:  # a training rank: `hpc-rlhf train`, as the launcher, srun and the demo start them
+    load_torch()  # first: how OpenMP threads wait is fixed when torch loads it (distributed/openmp.py)
 
 from .agents import AgentError  # noqa: E402
 from .checkpoint.store import CheckpointError  # noqa: E402

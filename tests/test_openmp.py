@@ -60,7 +60,9 @@ def _libgomp_policy(code: str, **env) -> tuple[str, str]:
     return found[0], out.stdout.strip()
 
 
-CHILD_ENV = "import os, hpc_rlhf.cli; print(os.environ.get('OMP_WAIT_POLICY'))"
+# `hpc-rlhf train ...` as far as the CLI module's import: the policy is chosen then
+CHILD_ENV = ("import os, sys; sys.argv = ['hpc-rlhf', 'train']; import hpc_rlhf.cli; "
+             "print(os.environ.get('OMP_WAIT_POLICY'))")
 
 
 def test_the_cli_loads_openmp_with_the_rule_and_children_do_not_inherit_it():
@@ -73,6 +75,12 @@ def test_the_cli_loads_openmp_with_the_rule_and_children_do_not_inherit_it():
     # each other unless there are 4 CPUs
     policy, _ = _libgomp_policy(CHILD_ENV, OMP_NUM_THREADS="2", LOCAL_WORLD_SIZE="2")
     assert policy == (ACTIVE if wait_policy(2, 2, usable_cpus()) else default)
+
+
+def test_other_commands_keep_libgomps_default():
+    default, _ = _libgomp_policy("import torch", OMP_NUM_THREADS="1")
+    code = "import sys; sys.argv = ['hpc-rlhf', 'serve-reward']; import hpc_rlhf.cli"
+    assert _libgomp_policy(code, OMP_NUM_THREADS="2")[0] == default
 
 
 def test_user_chose():

@@ -15,8 +15,10 @@ default), the rank runs more than one thread, and the threads of the ranks that 
 on them (the local launcher's and SLURM's defaults).  The variable is set for the import only: processes this
 one starts (vLLM's engine, reward servers, the launcher's ranks, which choose for themselves) do not inherit it.
 
-This module imports nothing that imports torch: ``cli.py`` and ``launch/submit.py`` call ``load_torch``
-before their other imports.
+Only training ranks choose: ``cli.py`` calls ``load_torch`` for ``hpc-rlhf train`` (what the local launcher,
+srun and the demo start) and ``launch/submit.py`` in a submitit task, each before its other imports.  Other
+commands (a reward server beside the trainers, the pipelines) keep libgomp's default.  This module imports
+nothing that imports torch.
 """
 from __future__ import annotations
 
