@@ -13,7 +13,7 @@ of its own, and takes cores from other processes when ranks share them.  So ``lo
 the user did not set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (``GOMP_SPINCOUNT=300000`` keeps libgomp's
 default), the rank runs more than one thread, and the threads of the ranks that share this process's CPUs fit
 on them (the local launcher's and SLURM's defaults).  The variable is set for the import only: processes this
-one starts (vLLM's engine, reward servers, the launcher's ranks, which choose for themselves) do not inherit it.
+one starts (a reward server, the launcher's ranks, which choose for themselves) do not inherit it.
 
 Only training ranks choose: ``cli.py`` calls ``load_torch`` for ``hpc-rlhf train`` (what the local launcher,
 srun and the demo start) and ``launch/submit.py`` in a submitit task, each before its other imports.  Other
