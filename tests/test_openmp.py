@@ -61,12 +61,18 @@ def _libgomp_policy(code: str, **env) -> tuple[str, str]:
 
 
 # `hpc-rlhf train ...` as far as the CLI module's import: the policy is chosen then
+@pytest.fixture(scope="module")
+def libgomp_default() -> str:
+    """The policy libgomp reports when nobody sets one (one thread: the rule leaves it alone)."""
+    return _libgomp_policy("import torch", OMP_NUM_THREADS="1")[0]
+
+
 CHILD_ENV = ("import os, sys; sys.argv = ['hpc-rlhf', 'train']; import hpc_rlhf.cli; "
              "print(os.environ.get('OMP_WAIT_POLICY'))")
 
 
-def test_the_cli_loads_openmp_with_the_rule_and_children_do_not_inherit_it():
-    default, _ = _libgomp_policy("import torch", OMP_NUM_THREADS="1")
+def test_the_cli_loads_openmp_with_the_rule_and_children_do_not_inherit_it(libgomp_default):
+    default = libgomp_default
     expected = ACTIVE if wait_policy(2, 1, usable_cpus()) else default
     policy, child_sees = _libgomp_policy(CHILD_ENV, OMP_NUM_THREADS="2")
     assert policy == expected
@@ -77,8 +83,8 @@ def test_the_cli_loads_openmp_with_the_rule_and_children_do_not_inherit_it():
     assert policy == (ACTIVE if wait_policy(2, 2, usable_cpus()) else default)
 
 
-def test_other_commands_keep_libgomps_default():
-    default, _ = _libgomp_policy("import torch", OMP_NUM_THREADS="1")
+def test_other_commands_keep_libgomps_default(libgomp_default):
+    default = libgomp_default
     code = "import sys; sys.argv = ['hpc-rlhf', 'serve-reward']; import hpc_rlhf.cli"
     assert _libgomp_policy(code, OMP_NUM_THREADS="2")[0] == default
 
@@ -89,10 +95,9 @@ def test_user_chose():
     assert user_chose({"GOMP_SPINCOUNT": "300000"})
 
 
-def test_a_users_wait_policy_stands():
+def test_a_users_wait_policy_stands(libgomp_default):
     policy, child_sees = _libgomp_policy(CHILD_ENV, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="PASSIVE")
     assert (policy, child_sees) == ("PASSIVE", "PASSIVE")
     # libgomp's own default kept by its spin count: the policy libgomp reports unset is the one it reports here
-    default, _ = _libgomp_policy("import torch", OMP_NUM_THREADS="1")
     policy, child_sees = _libgomp_policy(CHILD_ENV, OMP_NUM_THREADS="2", GOMP_SPINCOUNT="300000")
-    assert (policy, child_sees) == (default, "None")
+    assert (policy, child_sees) == (libgomp_default, "None")

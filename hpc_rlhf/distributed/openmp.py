@@ -82,19 +82,18 @@ def alone_policy(env=None) -> dict:
     return {"OMP_WAIT_POLICY": policy} if policy else {}
 
 
-def load_torch(env=None) -> str | None:
-    """Import torch with the wait policy ``policy_for`` picks for this rank; returns the policy set, None when
-    OpenMP was left alone (the user's choice, threads that share cores, or torch already loaded: then it is too
-    late to choose)."""
-    env = os.environ if env is None else env
+def load_torch() -> str | None:
+    """Import torch with the wait policy ``policy_for`` picks for this rank (from the process's environment,
+    the only one libgomp reads); returns the policy set, None when OpenMP was left alone (the user's choice,
+    threads that share cores, or torch already loaded: then it is too late to choose)."""
     if "torch" in sys.modules:
         return None
-    policy = policy_for(env, usable_cpus())
+    policy = policy_for(os.environ, usable_cpus())
     if policy is not None:
-        env["OMP_WAIT_POLICY"] = policy
+        os.environ["OMP_WAIT_POLICY"] = policy
     try:
         import torch  # noqa: F401  (libgomp reads the variable as it loads)
     finally:
         if policy is not None:
-            del env["OMP_WAIT_POLICY"]
+            del os.environ["OMP_WAIT_POLICY"]
     return policy
