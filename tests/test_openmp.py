@@ -60,33 +60,31 @@ def _libgomp_policy(code: str, **env) -> tuple[str, str]:
     return found[0], out.stdout.strip()
 
 
-# `hpc-rlhf train ...` as far as the CLI module's import: the policy is chosen then
 @pytest.fixture(scope="module")
 def libgomp_default() -> str:
     """The policy libgomp reports when nobody sets one (one thread: the rule leaves it alone)."""
     return _libgomp_policy("import torch", OMP_NUM_THREADS="1")[0]
 
 
+# `hpc-rlhf train ...` as far as the CLI module's import: the policy is chosen then
 CHILD_ENV = ("import os, sys; sys.argv = ['hpc-rlhf', 'train']; import hpc_rlhf.cli; "
              "print(os.environ.get('OMP_WAIT_POLICY'))")
 
 
 def test_the_cli_loads_openmp_with_the_rule_and_children_do_not_inherit_it(libgomp_default):
-    default = libgomp_default
-    expected = ACTIVE if wait_policy(2, 1, usable_cpus()) else default
+    expected = ACTIVE if wait_policy(2, 1, usable_cpus()) else libgomp_default
     policy, child_sees = _libgomp_policy(CHILD_ENV, OMP_NUM_THREADS="2")
     assert policy == expected
     assert child_sees == "None"  # processes the rank starts choose for themselves
     # the ranks of the local launcher share the machine: two of 2 threads never fit on what they share with
     # each other unless there are 4 CPUs
     policy, _ = _libgomp_policy(CHILD_ENV, OMP_NUM_THREADS="2", LOCAL_WORLD_SIZE="2")
-    assert policy == (ACTIVE if wait_policy(2, 2, usable_cpus()) else default)
+    assert policy == (ACTIVE if wait_policy(2, 2, usable_cpus()) else libgomp_default)
 
 
 def test_other_commands_keep_libgomps_default(libgomp_default):
-    default = libgomp_default
     code = "import sys; sys.argv = ['hpc-rlhf', 'serve-reward']; import hpc_rlhf.cli"
-    assert _libgomp_policy(code, OMP_NUM_THREADS="2")[0] == default
+    assert _libgomp_policy(code, OMP_NUM_THREADS="2")[0] == libgomp_default
 
 
 def test_user_chose():
