@@ -11,7 +11,10 @@ Two kinds of group:
   ``all_reduce_``, ``sum_over_ranks``, ``max_over_ranks``, ``sum_values``, ``barrier``;
 - a ``Bridge``: a stand-alone process group over an ordered list of global ranks, built from the shared
   TCPStore outside every role's own world (the RL control exchange, the weight broadcast).  Python objects
-  travel pickled as uint8 tensors (sizes first, then one padded all-gather).
+  travel pickled as uint8 tensors (sizes first, then one padded all-gather).  A bridge of one rank builds no
+  process group: its collectives return at once (objects still come back as copies, as from other ranks).
+  Gloo runs a collective in threads of its own, which run a large copy as an OpenMP team of their own; a
+  second team beside the rank's makes libgomp cut every worker's spinning short (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -84,18 +87,24 @@ class Bridge:
         self.size = len(self.members)
         prefixed = dist.PrefixStore(f"bridge/{name}", store)
         timeout = datetime.timedelta(seconds=timeout_s)
-        if backend == "nccl":
+        if self.size == 1:
+            self.pg = None
+        elif backend == "nccl":
             self.pg = dist.ProcessGroupNCCL(prefixed, self.index, self.size)
         else:
             self.pg = dist.ProcessGroupGloo(prefixed, self.index, self.size, timeout)
         self.device = backend_device(backend)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        if self.pg is None:
+            return tensor
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         return _in_place(tensor, self.device, lambda x: self.pg.broadcast([x], opts).wait())
 
     def all_reduce(self, tensor: torch.Tensor, op=SUM) -> torch.Tensor:
+        if self.pg is None:
+            return tensor
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
         return _in_place(tensor, self.device, lambda x: self.pg.allreduce([x], opts).wait())
@@ -107,6 +116,8 @@ class Bridge:
         self.all_reduce(torch.zeros(1))
 
     def _all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        if self.pg is None:
+            return [t]
         out = [torch.zeros_like(t, device=self.device) for _ in range(self.size)]
         self.pg.allgather([out], [t.to(self.device)]).wait()
         return [o.cpu() for o in out]
