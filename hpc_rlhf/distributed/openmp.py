@@ -15,6 +15,10 @@ default), the rank runs more than one thread, and the threads of the ranks that 
 on them (the local launcher's and SLURM's defaults).  The variable is set for the import only: processes this
 one starts (a reward server, the launcher's ranks, which choose for themselves) do not inherit it.
 
+The policy holds only while libgomp manages no more threads than the CPUs it may use.  Past that, every worker
+spins 1,000 rounds and sleeps, whatever the policy: a second OpenMP team in the process, such as a gloo thread
+running a large copy of a collective, does that (``collectives.Bridge`` builds no gloo group for one rank).
+
 Only training ranks choose: ``cli.py`` calls ``load_torch`` for ``hpc-rlhf train`` (what the local launcher,
 srun and the demo start) and ``launch/submit.py`` in a submitit task, each before its other imports.  Other
 commands (a reward server beside the trainers, the pipelines) keep libgomp's default.  This module imports
