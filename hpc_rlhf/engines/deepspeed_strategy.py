@@ -78,6 +78,11 @@ def build_engine(model: torch.nn.Module, train: OptimizerConfig, learning_rate: 
         # DeepSpeed's bf16 wrapper for ZeRO-0 allocates Adam's states by stepping once on zero gradients;
         # Adam counts that step, and its bias correction would shrink the first real updates (by ~25%).
         optimizer.state.clear()
+        if engine.seq_dp_world_size == 1:
+            # Its gradient all-reduce (over the data- and sequence-parallel ranks) copies every gradient into one
+            # flat buffer and back even when that is one rank, whose mean is the gradient itself.  ZeRO 1-3 keep
+            # theirs: it fills their partitions.
+            engine.enable_backward_allreduce = False
     return engine
 
 
