@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny byte-level tokenizer with a ChatML template, built locally (no hub)."""
+"""Shared fixtures: a tiny byte-level tokenizer with a ChatML template and a tiny model, built locally (no hub)."""
 from __future__ import annotations
 
 import os
@@ -33,6 +33,14 @@ def make_tokenizer(bos: bool = False):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
                                    additional_special_tokens=["<|im_start|>", "<|im_end|>"],
                                    chat_template=CHATML_TEMPLATE)
+
+
+# a 2-layer Llama of the local tokenizer, built once per test module
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from hpc_rlhf.models.tiny import build_tiny_model
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", arch="llama", hidden_size=32, num_layers=2,
+                            num_heads=4, intermediate_size=64, max_position_embeddings=64, seed=0)
 
 
 @pytest.fixture(scope="session")

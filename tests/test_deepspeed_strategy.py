@@ -3,17 +3,9 @@ gradient into one flat buffer and back) and updates the weights exactly as the e
 the all-reduce stays and averages the ranks' gradients."""
 from __future__ import annotations
 
-import pytest
 from safetensors.torch import load_file
 
 from _dist import run_ranks
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from hpc_rlhf.models.tiny import build_tiny_model
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", arch="llama", hidden_size=32, num_layers=2,
-                            num_heads=4, intermediate_size=64, max_position_embeddings=64, seed=0)
 
 
 def _train(model_dir: str) -> dict:

@@ -21,13 +21,6 @@ ROWS = [  # different lengths, so a per-micro-batch mean would differ from the s
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from hpc_rlhf.models.tiny import build_tiny_model
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", arch="llama", hidden_size=32, num_layers=2,
-                            num_heads=4, intermediate_size=64, max_position_embeddings=64, seed=0)
-
-
 def _grads(model_dir: str, overrides: list[str]):
     from hpc_rlhf.config import SFTConfig, load_config
     from hpc_rlhf.data.batching import EpochSampler

@@ -22,13 +22,6 @@ from safetensors.torch import load_file
 N_ROWS = 24  # 3 steps of 8
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from hpc_rlhf.models.tiny import build_tiny_model
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", arch="llama", hidden_size=32, num_layers=2,
-                            num_heads=4, intermediate_size=64, max_position_embeddings=64, seed=0)
-
-
 def _rows(n: int = N_ROWS) -> list[dict]:
     rows = []
     for i in range(n):
