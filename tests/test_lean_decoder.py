@@ -53,7 +53,7 @@ def test_fixed_shape_step_is_the_decode_forward(tmp_path, monkeypatch):
     valid = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
     pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
     rows = torch.tensor([0, 0, 1, 1, 1])
-    eager, fixed = LeanDecoder(model), LeanDecoder(model)
+    eager, fixed = LeanDecoder(model, shared_prefix_min_elements=0), LeanDecoder(model, shared_prefix_min_elements=0)
     monkeypatch.setattr(fixed, "graphed", lambda device: True)  # select_rows zeroes the slots not yet written
     with torch.no_grad():
         for dec in (eager, fixed):
@@ -165,7 +165,7 @@ def test_shared_prefix_decode_matches_transformers(tmp_path):
     ids = torch.tensor([[257] * (width - len(p)) + p for p in prompts])
     valid = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
     pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    lean = LeanDecoder(model)
+    lean = LeanDecoder(model, shared_prefix_min_elements=0)  # shares any repeated prefix, however short
     lean.start(2, width + 8, torch.float32, torch.device("cpu"))
     with torch.no_grad():
         got = lean.forward(ids, pos, valid)
@@ -212,11 +212,57 @@ def test_shared_and_copied_prefix_sample_the_same(tmp_path):
     params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=list(range(64)))
     seeds = list(range(len(prompts)))
     shared, copied = HFEngine(path), HFEngine(path, shared_prefix=False)
+    shared._lean.shared_prefix_min_elements = 0  # shares these short prompts
     a, b = shared.generate(prompts, params, seeds), copied.generate(prompts, params, seeds)
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
     assert len({len(c.token_ids) for c in a}) > 2  # rows ended at different steps
     for x, y in zip(a, b):
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+
+
+def test_prefix_pays_counts_the_key_elements_sharing_saves():
+    """Rows that repeat share their prefix once (repeats) × length × kv heads × head size reach the threshold:
+    8 samples of one prompt are 7 repeats, 8 of each of 8 prompts 56."""
+    from hpc_rlhf.engines.lean_decoder import SHARED_PREFIX_MIN_ELEMENTS, prefix_pays
+    one = [0] * 8
+    assert not prefix_pays(one, 96, 4, 64)  # 7 × 96 × 256 = 172,032 < 262,144
+    assert prefix_pays(one, 147, 4, 64)  # 7 × 147 × 256 = 263,424
+    assert not prefix_pays(one, 146, 4, 64)  # 261,632
+    eight = [p for p in range(8) for _ in range(8)]
+    assert not prefix_pays(eight, 16, 4, 64)  # 56 × 16 × 256 = 229,376
+    assert prefix_pays(eight, 32, 4, 64)  # 458,752
+    assert prefix_pays(eight, 100, 3, 64)  # SmolLM2's GRPO batch: 1,075,200
+    assert prefix_pays([0, 0], 1, 1, 1, min_elements=1) and not prefix_pays([0, 0], 1, 1, 1, min_elements=2)
+    # no repeated row, or nothing cached yet: nothing to share, whatever the threshold
+    assert not prefix_pays([0, 1, 2], 100, 4, 64, min_elements=0)
+    assert not prefix_pays([0, 0, 0], 0, 4, 64, min_elements=0)
+    assert not prefix_pays([], 10, 4, 64, min_elements=0)
+    assert SHARED_PREFIX_MIN_ELEMENTS == 2 ** 18
+
+
+def test_short_prefixes_are_copied_long_ones_shared(tmp_path):
+    """With the default threshold a prompt too short to pay is copied to its samples, a long one shared; both
+    sample what copies sample."""
+    from hpc_rlhf.models.tiny import build_tiny_model
+    path = build_tiny_model(tmp_path / "m", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
+                            max_position_embeddings=320, seed=4)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, stop_token_ids=[256])
+    engine, copied = HFEngine(path), HFEngine(path, shared_prefix=False)
+    decisions = []
+    select = engine._lean.select_rows
+
+    def spy(index):
+        select(index)
+        decisions.append(engine._lean.prefix is not None)
+    engine._lean.select_rows = spy
+    # 7 repeats × 4 kv heads × head size 32 = 896 elements a position: 292 positions do not pay (261,632 < 2**18),
+    # 293 do (262,528)
+    for length, shared in ((40, False), (292, False), (293, True), (300, True)):
+        prompts, seeds = [[40 + i % 50 for i in range(length)]] * 8, list(range(8))
+        decisions.clear()
+        a, b = engine.generate(prompts, params, seeds), copied.generate(prompts, params, seeds)
+        assert decisions[0] is shared
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
 
 
 def test_the_cache_is_freed_when_a_generation_ends(tmp_path):

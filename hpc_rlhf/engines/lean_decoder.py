@@ -27,8 +27,9 @@ repeats rows keeps the cache written so far once per distinct row (the shared pr
 cache of its own for the positions after it.  Attention (``split_attention``) then takes the scores of every
 query of a prompt's samples against the prompt's prefix, read once per prompt, and of each row's queries against
 its own positions, under one softmax.  A decode step reads the cache more than it computes on it, and at GRPO's
-8 samples of a 78-token prompt the prefix is most of what is read (docs/performance.md, levers).  On CUDA and in
-bf16 the samples keep copies of the prefix.
+8 samples of a 78-token prompt the prefix is most of what is read (docs/performance.md, levers).  Where the
+prefix is short or the samples few, ``split_attention``'s extra operations cost more than they save, and the
+samples copy it (``prefix_pays``), as they always do on CUDA and in bf16.
 
 On CUDA a decode step launches several hundred small kernels, and launching them from Python takes far longer than
 running them (SmolLM2-135M at batch 64 on an H200: docs/performance.md).  With ``cuda_graphs`` on, ``decode``
@@ -72,6 +73,22 @@ def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     return norm.weight * F.rms_norm(x, (x.shape[-1],), eps=norm.variance_epsilon)
+
+
+# A shared prefix pays once the keys and values it saves reading are many: (rows - distinct rows) × prefix length ×
+# key/value heads × head size of them per layer and decode step.  Below that, split_attention's extra operations
+# per layer cost more than the copies' attention reads (a 4-layer toy, fp32, 2 threads: 8 rows of one prompt lost
+# 3-22% up to a 96-token prompt, 172k; 64 rows of 8 prompts lost 2% at 16 tokens, 229k, and gained 10% at 32,
+# 459k; docs/performance.md, levers)
+SHARED_PREFIX_MIN_ELEMENTS = 2 ** 18
+
+
+def prefix_pays(rows: list[int], length: int, kv_heads: int, head_dim: int,
+                min_elements: int = SHARED_PREFIX_MIN_ELEMENTS) -> bool:
+    """Whether rows ``rows`` (row b a copy of row ``rows[b]``) should share their ``length`` cached positions rather
+    than copy them: the key elements that sharing saves reading per layer and step reach ``min_elements`` (pure)."""
+    repeats = len(rows) - len(set(rows))
+    return repeats > 0 and length > 0 and repeats * length * kv_heads * head_dim >= min_elements
 
 
 # oneDNN picks its weight layout for a number of rows; the layout chosen for 64 ran as fast at 1 to 64 rows
@@ -202,7 +219,8 @@ def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -
 
 
 class LeanDecoder:
-    def __init__(self, model: torch.nn.Module, cuda_graphs: bool = True, shared_prefix: bool = True):
+    def __init__(self, model: torch.nn.Module, cuda_graphs: bool = True, shared_prefix: bool = True,
+                 shared_prefix_min_elements: int = SHARED_PREFIX_MIN_ELEMENTS):
         if not lean_supported(model):
             raise ValueError(f"the lean decoder does not support {type(model).__name__}")
         cfg = model.config
@@ -214,6 +232,7 @@ class LeanDecoder:
         self._packed_key: tuple | None = None
         self.cuda_graphs = cuda_graphs
         self.shared_prefix = shared_prefix  # off: repeated rows copy the cache everywhere
+        self.shared_prefix_min_elements = shared_prefix_min_elements  # prefix_pays
         self._graph: _DecodeGraph | None = None
 
     def _pack(self) -> None:
@@ -268,13 +287,14 @@ class LeanDecoder:
         """Row r of the cache becomes row ``index[r]``: prompts prefilled once serve several samples, and
         finished rows leave the batch.  Only the positions written so far are copied (a forward reads no key
         past the ones it writes), one layer at a time, so the old and new caches never both exist whole.
-        Where ``shares_prefix``, repeating rows (a prompt's samples) keeps the cache so far once per distinct row
-        as a ``SharedPrefix`` and starts each row's own cache after it."""
+        Where ``shares_prefix`` and the sharing pays (``prefix_pays``), repeating rows (a prompt's samples) keeps
+        the cache so far once per distinct row as a ``SharedPrefix`` and starts each row's own cache after it."""
         self._graph = None
         rows = index.tolist()
         if self.prefix is not None:
             self.prefix.set_rows([self.prefix.rows[r] for r in rows])
-        elif len(set(rows)) < len(rows) and self.length and self.shares_prefix(self.keys[0].dtype, index.device):
+        elif (self.shares_prefix(self.keys[0].dtype, index.device)
+              and prefix_pays(rows, self.length, self.kv_heads, self.head_dim, self.shared_prefix_min_elements)):
             n = self.length
             self.prefix = SharedPrefix([t[:, :, :n].contiguous() for t in self.keys],
                                        [t[:, :, :n].contiguous() for t in self.values], self.key_valid[:, :n], rows)
