@@ -76,7 +76,8 @@ def test_shared_prompts_train_as_every_sample_running_its_prompt(assets):
     """GRPO, two samples per prompt: train.share_prompts (the default) against false, the same losses, gradient
     norms and weights sent after each step."""
     root, base = assets
-    cfg = merged(base, algo={"advantage_estimator": "group_norm"}, train={"max_steps": 2},
+    cfg = merged(base, algo={"advantage_estimator": "group_norm"},
+                 train={"max_steps": 2, "share_prompts_min_positions": 0},  # these short prompts shared too
                  placement={"colocate_all": True})
     shared = run_rl(cfg, root, "grpo_shared")
     apart = run_rl(merged(cfg, train={"share_prompts": False}), root, "grpo_apart")

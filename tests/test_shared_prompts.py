@@ -159,7 +159,24 @@ def test_the_actor_shares_only_where_the_prompt_pass_fits_a_micro_batch():
     """Nine samples of three prompts: repeated; with micro-batches of 2 rows the three prompts' pass, which lives
     until the optimizer step's last backward, would outweigh a micro-batch of whole samples; all distinct: no
     repeat to share."""
-    from hpc_rlhf.roles.shared_prompts import repeats
+    from hpc_rlhf.roles.shared_prompts import worth_sharing
     xs = group_samples()
-    assert repeats(xs) and repeats(xs, 3) and not repeats(xs, 2)
-    assert not repeats(xs[:3]) and not repeats(xs[:3], 16)
+    assert worth_sharing(xs, 0) and worth_sharing(xs, 0, 3) and not worth_sharing(xs, 0, 2)
+    assert not worth_sharing(xs[:3], 0) and not worth_sharing(xs[:3], 0, 16)
+
+
+def test_sharing_pays_from_the_positions_it_saves():
+    """Prompts of 5, 2 and 7 tokens, three samples each: 42 prompt positions, 14 of them distinct, so one pass per
+    prompt saves 28; sharing pays from min_positions 28 down, not at 29.  Samples whose prompts all differ save
+    nothing, and an empty list saves nothing."""
+    from hpc_rlhf.roles.shared_prompts import saved_positions, worth_sharing
+    xs = group_samples()
+    assert saved_positions(xs) == 3 * (5 + 2 + 7) - (5 + 2 + 7) == 28
+    assert worth_sharing(xs, 28) and not worth_sharing(xs, 29)
+    assert saved_positions(xs[:3]) == 0 and saved_positions([]) == 0
+    assert saved_positions(xs[:4]) == 5  # prompt 0 twice: its 5 positions once more
+    assert worth_sharing(xs[:4], 5) and not worth_sharing(xs[:4], 6)
+    eight = [Experience(0, i, [7] * 7, [9], [0.0], "stop", "", "", None) for i in range(8)]
+    assert saved_positions(eight) == 49  # the toy benchmark's step: 8 samples of a 7-token prompt
+    from hpc_rlhf.config.rl import RLTrainConfig
+    assert RLTrainConfig().share_prompts_min_positions == 128 and not worth_sharing(eight, 128)

@@ -227,6 +227,12 @@ class RLTrainConfig(OptimizerConfig):
                    "holds at most micro_train_batch_size distinct prompts (their pass lives until the optimizer "
                    "step's last backward); where the model cannot (layers other than full attention, gradient "
                    "checkpointing, ZeRO-3) every sample runs its prompt, as with false")
+    share_prompts_min_positions: int = field(
+        128, ge=0, help="share_prompts only where it saves at least this many prompt positions (every sample's "
+                        "prompt less each distinct prompt once): the prompt pass is a pass of its own, which costs "
+                        "more than it saves below that (a 3.3M toy on a CPU: 8 samples of a 7-token prompt, 49 "
+                        "positions, trained slower shared, of a 25-token one about as fast, longer ones faster: "
+                        "docs/performance.md); 0: wherever a prompt repeats")
     actor_learning_rate: float = field(1e-6, gt=0, help="actor peak learning rate")
     critic_learning_rate: float = field(9e-6, gt=0, help="critic peak learning rate")
     freezing_actor_steps: int = field(0, ge=0, help="critic warm-up: RL steps during which only the critic trains")

@@ -12,7 +12,7 @@ from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import load_causal_lm
 from .experience import Experience, RLBatch, padded, response_logits, response_logprobs
-from .shared_prompts import SharedPrompts, logprobs_per_sample, repeats, sharing
+from .shared_prompts import SharedPrompts, logprobs_per_sample, sharing, worth_sharing
 from .training import combine, optimizer_steps, run_optimizer_step
 
 
@@ -35,8 +35,9 @@ class Actor:
         return response_logits(self.engine, batch)
 
     def logprobs(self, samples: list[Experience]) -> list[list[float]]:
-        return logprobs_per_sample(self.engine, samples, self.cfg.train.micro_train_batch_size, self.pad_id,
-                                   self.device, self.temperature, self.share_prompts)
+        t = self.cfg.train
+        return logprobs_per_sample(self.engine, samples, t.micro_train_batch_size, self.pad_id, self.device,
+                                   self.temperature, self.share_prompts, t.share_prompts_min_positions)
 
     def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm, shared: SharedPrompts | None = None):
         logits = shared.logits(samples, batch) if shared else self._logits(batch)
@@ -67,7 +68,7 @@ class Actor:
         per_rank = t.train_batch_size // self.world_size
         history = []
         self._mismatch_max = 0.0
-        share = self.share_prompts and repeats(samples, t.micro_train_batch_size)
+        share = self.share_prompts and worth_sharing(samples, t.share_prompts_min_positions, t.micro_train_batch_size)
         for micro in optimizer_steps(samples, per_rank, t.micro_train_batch_size, t.max_epochs,
                                      t.seed + step, self.pad_id, self.device, t.micro_batch_overhead_tokens, share):
             shared = (SharedPrompts(self.engine, [s for part, _ in micro for s in part], len(micro), self.pad_id,

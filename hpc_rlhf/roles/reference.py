@@ -20,5 +20,6 @@ class Reference:
         self.share_prompts = sharing(self.model, cfg.train.share_prompts, "reference")
 
     def logprobs(self, samples: list[Experience]) -> list[list[float]]:
-        return logprobs_per_sample(self.model, samples, self.cfg.train.micro_train_batch_size, self.pad_id,
-                                   self.device, self.temperature, self.share_prompts)
+        t = self.cfg.train
+        return logprobs_per_sample(self.model, samples, t.micro_train_batch_size, self.pad_id, self.device,
+                                   self.temperature, self.share_prompts, t.share_prompts_min_positions)

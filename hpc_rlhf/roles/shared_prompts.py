@@ -52,20 +52,31 @@ def sharing(model: torch.nn.Module, enabled: bool, role: str, zero_stage: int = 
     return enabled and why is None
 
 
-def repeats(samples: list[Experience], at_most: int | None = None) -> bool:
-    """Whether some prompt has more than one sample here (else sharing saves nothing), and, with ``at_most``,
-    there are at most that many distinct prompts.  In training the prompt pass keeps its activations until the
+def saved_positions(samples: list[Experience]) -> int:
+    """The prompt positions that one pass per distinct prompt saves: every sample's prompt, less each distinct
+    prompt once (pure)."""
+    return sum(len(s.prompt_ids) for s in samples) - sum(len(p) for p in {tuple(s.prompt_ids) for s in samples})
+
+
+def worth_sharing(samples: list[Experience], min_positions: int, at_most: int | None = None) -> bool:
+    """Whether sharing the prompt pass pays here: some prompt has more than one sample, the positions it saves
+    (``saved_positions``) reach ``min_positions`` (the prompt pass is a pass of its own, with its own operations:
+    below that it costs more than it saves, ``train.share_prompts_min_positions``), and, with ``at_most``, there
+    are at most that many distinct prompts.  In training the prompt pass keeps its activations until the
     optimizer step's last backward: with at most ``micro_train_batch_size`` prompts beside a micro-batch of
     responses they take no more than a micro-batch of whole samples, which is what ``hpc-rlhf plan`` counts."""
     distinct = len({tuple(s.prompt_ids) for s in samples})
-    return distinct < len(samples) and (at_most is None or distinct <= at_most)
+    return (distinct < len(samples) and saved_positions(samples) >= min_positions
+            and (at_most is None or distinct <= at_most))
 
 
 def logprobs_per_sample(model: torch.nn.Module, samples: list[Experience], micro: int, pad_id: int, device,
-                        temperature: float, share: bool) -> list[list[float]]:
-    """Each sample's response log-probs (``per_sample``, no gradient); with ``share`` and repeated prompts, one
-    prompt pass for all of them and micro-batches of responses cut by response length."""
-    shared = SharedPrompts(model, samples, 0, pad_id, device) if share and repeats(samples) else None
+                        temperature: float, share: bool, min_positions: int = 0) -> list[list[float]]:
+    """Each sample's response log-probs (``per_sample``, no gradient); with ``share`` where it pays
+    (``worth_sharing`` with ``min_positions``), one prompt pass for all of them and micro-batches of responses cut
+    by response length."""
+    shared = (SharedPrompts(model, samples, 0, pad_id, device) if share and worth_sharing(samples, min_positions)
+              else None)
 
     def fn(part: list[Experience], batch: RLBatch) -> torch.Tensor:
         logits = shared.logits(part, batch) if shared else response_logits(model, batch)
