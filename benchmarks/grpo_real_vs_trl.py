@@ -333,25 +333,14 @@ def side_available(side: str, args) -> str | None:
 
 # -- the sides ---------------------------------------------------------------------------------------------
 
-def run_trl(spec_path: str, out: str) -> None:
-    """The TRL child: trains and writes one record per optimizer step."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from hpc_rlhf.rewards import math_verify
-
-    spec = json.loads(Path(spec_path).read_text())
-    records: list[dict] = []
+def timed_grpo_trainer(trainer_cls, callback_cls, record):
+    """TRL's GRPOTrainer with timers (the classes passed in, so that TRL is imported by the caller's process
+    only), and a callback that calls ``record(step_s, acc)`` at the end of each optimizer step: ``acc`` holds
+    the step's seconds in its generate call (``generate_s``) and in generate-and-score (``collect_s``: the
+    generate call, rewards, advantages, any log-prob pass), and the tokens generated and prompted."""
     acc = {"generate_s": 0.0, "collect_s": 0.0, "gen_tokens": 0, "prompt_tokens": 0}
 
-    def math_reward(completions, answer, **kwargs):
-        """hpc_rlhf's builtin:math with TRL's reward signature (conversational completions: message lists)."""
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return math_verify.reward_func(texts, [""] * len(texts), [str(a) for a in answer])["rewards"]
-
-    class Timed(GRPOTrainer):
+    class Timed(trainer_cls):
         def _generate(self, prompts):
             t0 = time.perf_counter()
             out = super()._generate(prompts)
@@ -366,18 +355,40 @@ def run_trl(spec_path: str, out: str) -> None:
             acc["prompt_tokens"] += int(out["prompt_mask"].sum())
             return out
 
-    class Timer(TrainerCallback):
+    class Timer(callback_cls):
         def on_step_begin(self, args, state, control, **kw):
             acc.update(generate_s=0.0, collect_s=0.0, gen_tokens=0, prompt_tokens=0)
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            step_s = time.perf_counter() - self.t0
-            rewards = trainer._metrics["train"].get("reward") or [float("nan")]
-            records.append({"step_s": step_s, "phases": trl_phase_split(step_s, acc["collect_s"], acc["generate_s"]),
-                            "rollout_generate_s": acc["generate_s"], "generated_tokens": acc["gen_tokens"],
-                            "prompt_tokens": acc["prompt_tokens"], "reward_mean": rewards[-1],
-                            "response_length_mean": acc["gen_tokens"] / spec["rows"]})
+            record(time.perf_counter() - self.t0, acc)
+    return Timed, Timer()
+
+
+def run_trl(spec_path: str, out: str) -> None:
+    """The TRL child: trains and writes one record per optimizer step."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from hpc_rlhf.rewards import math_verify
+
+    spec = json.loads(Path(spec_path).read_text())
+    records: list[dict] = []
+
+    def math_reward(completions, answer, **kwargs):
+        """hpc_rlhf's builtin:math with TRL's reward signature (conversational completions: message lists)."""
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return math_verify.reward_func(texts, [""] * len(texts), [str(a) for a in answer])["rewards"]
+
+    def record(step_s: float, acc: dict) -> None:
+        rewards = trainer._metrics["train"].get("reward") or [float("nan")]
+        records.append({"step_s": step_s, "phases": trl_phase_split(step_s, acc["collect_s"], acc["generate_s"]),
+                        "rollout_generate_s": acc["generate_s"], "generated_tokens": acc["gen_tokens"],
+                        "prompt_tokens": acc["prompt_tokens"], "reward_mean": rewards[-1],
+                        "response_length_mean": acc["gen_tokens"] / spec["rows"]})
+    Timed, timer = timed_grpo_trainer(GRPOTrainer, TrainerCallback, record)
 
     rows = [json.loads(x) for x in Path(spec["data"]).read_text().splitlines() if x.strip()]
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": r["prompt"]}] for r in rows],
@@ -396,7 +407,7 @@ def run_trl(spec_path: str, out: str) -> None:
                      use_transformers_continuous_batching=spec["generation"] == "continuous_batching")
     trainer = Timed(model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype),
                     reward_funcs=[math_reward], args=cfg, train_dataset=dataset,
-                    processing_class=AutoTokenizer.from_pretrained(spec["model"]), callbacks=[Timer()])
+                    processing_class=AutoTokenizer.from_pretrained(spec["model"]), callbacks=[timer])
     trainer.train()
     Path(out).write_text(json.dumps(records))
 

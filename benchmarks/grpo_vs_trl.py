@@ -17,7 +17,10 @@ rotates over ``--rounds`` rounds, so a slow spell of a shared machine does not l
 A round's figure is the mean seconds per step after the first ``--warmup`` steps, leaving out the last
 step (an async run has no next step to generate then, so its last step is cheaper); each side's result
 is the median over rounds.  ``speedup`` is TRL's median over hpc_rlhf's (the like-for-like, on-policy
-comparison); ``speedup_async`` is TRL's over hpc_rlhf_async's.  Prints one JSON line.
+comparison); ``speedup_async`` is TRL's over hpc_rlhf_async's.  ``phases``: each side's seconds per step by
+phase (generation, weight sync, log-probs and reward, training, other; TRL's from timers around its generate
+call and its generate-and-score, as in ``grpo_real_vs_trl.py``), each phase's median over rounds of its mean
+over the timed steps.  Prints one JSON line.
 
     python benchmarks/grpo_vs_trl.py --steps 20 --rounds 3
 """
@@ -31,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -61,29 +63,26 @@ def build_model(root: Path) -> Path:
 
 
 def run_trl(model: str, steps: int, out: str) -> None:
+    """The TRL child: trains and writes each optimizer step's seconds and their phases."""
     from datasets import Dataset
+    from grpo_real_vs_trl import timed_grpo_trainer, trl_phase_split
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    times: list[float] = []
+    records: list[dict] = []
 
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - self.t0)
+    def record(step_s: float, acc: dict) -> None:
+        records.append({"step_s": step_s, "phases": trl_phase_split(step_s, acc["collect_s"], acc["generate_s"])})
+    Timed, timer = timed_grpo_trainer(GRPOTrainer, TrainerCallback, record)
 
     tok = AutoTokenizer.from_pretrained(model)
     cfg = GRPOConfig(output_dir=str(Path(out).parent / "trl_out"), per_device_train_batch_size=8, num_generations=8,
                      max_completion_length=32, temperature=1.0, beta=0.0, num_iterations=1, learning_rate=1e-6,
                      max_steps=steps, logging_steps=10 ** 6, save_strategy="no", report_to=[], use_cpu=True,
                      bf16=False, seed=0, dataloader_num_workers=0)
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model), reward_funcs=[reward_digits],
-                          args=cfg, train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=tok,
-                          callbacks=[Timer()])
-    trainer.train()
-    Path(out).write_text(json.dumps(times))
+    Timed(model=AutoModelForCausalLM.from_pretrained(model), reward_funcs=[reward_digits], args=cfg,
+          train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=tok, callbacks=[timer]).train()
+    Path(out).write_text(json.dumps(records))
 
 
 def write_ours_config(model: str, steps: int, root: Path) -> Path:
@@ -135,11 +134,11 @@ def timed_mean(times: list[float], warmup: int) -> float:
     return sum(timed) / len(timed)
 
 
-def run_trl_child(model: str, steps: int, root: Path, omp_default: bool) -> list[float]:
+def run_trl_child(model: str, steps: int, root: Path, omp_default: bool) -> list[dict]:
     """TRL's run in a process of its own, with the OpenMP wait policy hpc_rlhf's ranks get on these cores
     (``openmp.alone_policy``) unless ``omp_default``."""
     from hpc_rlhf.distributed.openmp import alone_policy
-    out = root / "trl_times.json"
+    out = root / "trl_records.json"
     subprocess.run([sys.executable, __file__, "--_trl", model, str(steps), str(out)],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    env=os.environ if omp_default else {**os.environ, **alone_policy()})
@@ -155,9 +154,13 @@ def main() -> None:
                     help="TRL's process with libgomp's default OMP_WAIT_POLICY, not the one hpc_rlhf's ranks get")
     ap.add_argument("--breakdown", action="store_true", help="print each round and hpc_rlhf's time per phase to stderr")
     args = ap.parse_args()
+    from grpo_real_vs_trl import PHASES, median_phases
+
+    from hpc_rlhf.reports.summary import phase_split
     w = args.warmup
     sides = ("trl", "hpc_rlhf", "hpc_rlhf_async")
     means: dict[str, list[float]] = {side: [] for side in sides}
+    phases: dict[str, list[dict]] = {side: [] for side in sides}  # per round: each phase's mean over timed steps
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = str(build_model(root))
@@ -166,15 +169,17 @@ def main() -> None:
         for r in range(args.rounds):
             for side in sides[r % 3:] + sides[:r % 3]:
                 if side == "trl":
-                    times = run_trl_child(model, args.steps, root, args.trl_omp_default)
+                    records = run_trl_child(model, args.steps, root, args.trl_omp_default)
+                    times, splits = [r["step_s"] for r in records], [r["phases"] for r in records]
                 else:
                     rows = run_ours(configs[side])
-                    times = [row["time/step_s"] for row in rows]
+                    times, splits = [row["time/step_s"] for row in rows], [phase_split(row) for row in rows]
                     if args.breakdown:
-                        phases = sorted(k for k in rows[-1] if k.startswith("time/"))
+                        timers = sorted(k for k in rows[-1] if k.startswith("time/"))
                         print(f"{side} phases", {k: round(timed_mean([row.get(k, 0.0) for row in rows], w), 4)
-                                                 for k in phases}, file=sys.stderr)
+                                                 for k in timers}, file=sys.stderr)
                 means[side].append(timed_mean(times, w))
+                phases[side].append({k: timed_mean([s[k] for s in splits], w) for k in PHASES})
                 if args.breakdown:
                     print(f"round {r} {side} step times", [round(t, 3) for t in times], file=sys.stderr)
     med = {side: statistics.median(v) for side, v in means.items()}
@@ -186,7 +191,9 @@ def main() -> None:
                       "speedup": round(med["trl"] / med["hpc_rlhf"], 2),
                       "speedup_async": round(med["trl"] / med["hpc_rlhf_async"], 2),
                       "speedup_per_round": [round(t / o, 2) for t, o in zip(trl, means["hpc_rlhf"])],
-                      "speedup_async_per_round": [round(t / o, 2) for t, o in zip(trl, means["hpc_rlhf_async"])]}))
+                      "speedup_async_per_round": [round(t / o, 2) for t, o in zip(trl, means["hpc_rlhf_async"])],
+                      "phases": {side: {k: round(v, 4) for k, v in median_phases(p).items()}
+                                 for side, p in phases.items()}}))
 
 
 if __name__ == "__main__":
