@@ -170,7 +170,7 @@ def main() -> None:
             for side in sides[r % 3:] + sides[:r % 3]:
                 if side == "trl":
                     records = run_trl_child(model, args.steps, root, args.trl_omp_default)
-                    times, splits = [r["step_s"] for r in records], [r["phases"] for r in records]
+                    times, splits = [rec["step_s"] for rec in records], [rec["phases"] for rec in records]
                 else:
                     rows = run_ours(configs[side])
                     times, splits = [row["time/step_s"] for row in rows], [phase_split(row) for row in rows]

@@ -77,9 +77,9 @@ def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
 
 # A shared prefix pays once the keys and values it saves reading are many: (rows - distinct rows) × prefix length ×
 # key/value heads × head size of them per layer and decode step.  Below that, split_attention's extra operations
-# per layer cost more than the copies' attention reads (a 4-layer toy, fp32, 2 threads: 8 rows of one prompt lost
-# 3-22% up to a 96-token prompt, 172k; 64 rows of 8 prompts lost 2% at 16 tokens, 229k, and gained 10% at 32,
-# 459k; docs/performance.md, levers)
+# per layer cost more than the copies' attention reads (a 4-layer toy, fp32, 2 threads: 8 rows of one prompt
+# gained nothing and lost up to 22% up to a 96-token prompt, 172k; 64 rows of 8 prompts lost 2% at 16 tokens,
+# 229k, and gained 10% at 32, 459k; docs/performance.md, first section)
 SHARED_PREFIX_MIN_ELEMENTS = 2 ** 18
 
 
