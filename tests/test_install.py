@@ -20,3 +20,14 @@ def test_deepspeed_cpu_comm_op_is_prebuilt():
 def test_console_script_is_installed():
     eps = [e for e in md.entry_points(group="console_scripts") if e.name == "hpc-rlhf"]
     assert eps and eps[0].value == "hpc_rlhf.cli:main"
+
+
+def test_few_row_kernel_is_prebuilt():
+    # Built into PyTorch's extension cache by scripts/setup_env.sh, so the first generation does not compile it;
+    # its source ships with the package.
+    from torch.utils.cpp_extension import _get_build_directory
+
+    from hpc_rlhf.engines import few_rows
+    assert few_rows.SOURCE.is_file()
+    assert (Path(_get_build_directory(few_rows.NAME, verbose=False)) / f"{few_rows.NAME}.so").is_file()
+    assert few_rows.kernel() is not None

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from hpc_rlhf.engines import few_rows
 from hpc_rlhf.engines.hf_engine import HFEngine
 from hpc_rlhf.engines.lean_decoder import LeanDecoder, _fused, _matmul, lean_supported, onednn_products
 from hpc_rlhf.engines.rollout import SamplingParams
@@ -296,12 +297,15 @@ def test_packed_product_is_the_linear(dtype, bias):
     weight = torch.cat([m.weight for m in linears]).detach()
     b = torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in linears])
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
-    for shape in ((5, 24), (3, 7, 24), (1, 1, 24)):
-        x = torch.randn(shape, dtype=dtype)
-        with torch.no_grad():
-            got = _matmul(x, packed)
-        assert got.shape == shape[:-1] + (weight.shape[0],)
-        torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b if bias else None), **tol)
+    # the few-row kernel takes products of at most 8 rows (in float32 only: the decoder passes it no other)
+    kernels = [None] + ([few_rows.kernel()] if dtype == torch.float32 else [])
+    for few in kernels:
+        for shape in ((5, 24), (3, 7, 24), (1, 1, 24), (2, 4, 24)):
+            x = torch.randn(shape, dtype=dtype)
+            with torch.no_grad():
+                got = _matmul(x, packed, few)
+            assert got.shape == shape[:-1] + (weight.shape[0],)
+            torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b if bias else None), **tol)
 
 
 def test_packed_weights_follow_in_place_changes(tmp_path):

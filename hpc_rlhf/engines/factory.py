@@ -16,4 +16,5 @@ def make_engine(opts, pretrain: str, dtype: str, device, max_batch_size: int, se
                           gpu_memory_utilization=opts.vllm_gpu_memory_utilization, enable_sleep_mode=sleep,
                           track_checksums=track_checksums, tensor_parallel_size=opts.vllm_tensor_parallel_size)
     return HFEngine(path, dtype=dtype, device=str(device), max_batch_size=max_batch_size, lean=opts.lean_decoder,
-                    cuda_graphs=opts.cuda_graphs, shared_prefix=opts.shared_prefix)
+                    cuda_graphs=opts.cuda_graphs, shared_prefix=opts.shared_prefix,
+                    few_row_kernel=opts.few_row_kernel)

@@ -77,11 +77,12 @@ class HFEngine(RolloutEngine):
     until the batch is done.  Llama-family models decode through ``LeanDecoder`` (``lean=False`` keeps the
     transformers forward with its cache).  On CUDA the lean decoder replays each decode step as a CUDA graph
     (``cuda_graphs``); finished rows then stay in the batch to its end, as the graph's shapes are fixed.  On the
-    CPU in fp32 a prompt's samples share its prefilled cache (``shared_prefix``; ``LeanDecoder.select_rows``).
+    CPU in fp32 a prompt's samples share its prefilled cache (``shared_prefix``; ``LeanDecoder.select_rows``), and
+    products of a few rows go to a compiled kernel (``few_row_kernel``; ``few_rows``).
     """
 
     def __init__(self, model_path_or_module, dtype="fp32", device="cpu", max_batch_size: int = 64,
-                 lean: bool = True, cuda_graphs: bool = True, shared_prefix: bool = True):
+                 lean: bool = True, cuda_graphs: bool = True, shared_prefix: bool = True, few_row_kernel: bool = True):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
@@ -98,8 +99,8 @@ class HFEngine(RolloutEngine):
             raise ValueError(f"{type(self.model).__name__}.forward takes no position_ids: left-padded "
                              "batches would shift the positions of short prompts")
         self._logits_to_keep = "logits_to_keep" in forward_args
-        self._lean = (LeanDecoder(self.model, cuda_graphs, shared_prefix) if lean and lean_supported(self.model)
-                      else None)
+        self._lean = (LeanDecoder(self.model, cuda_graphs, shared_prefix, few_row_kernel=few_row_kernel)
+                      if lean and lean_supported(self.model) else None)
         cfg = getattr(self.model, "config", None)
         self.max_positions = None
         for name in ("max_position_embeddings", "n_positions"):

@@ -39,8 +39,12 @@ that its shapes and addresses are the same at every step.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
+
+from . import few_rows
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # angles depend on the position only
@@ -102,15 +106,25 @@ def onednn_products(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def _fused(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The layers' weights stacked, [sum of outs, in] (in oneDNN's layout where ``onednn_products``), and their
-    biases (None if none has one)."""
-    weight = torch.cat([m.weight for m in linears])
+class Packed(NamedTuple):
+    """A product's weights: the modules' weights stacked (``weight``, [sum of outs, in], in oneDNN's layout where
+    ``onednn_products``), their biases stacked (None if none has one), and the modules' own weights (``parts``,
+    [out_i, in] each, not copies) that the few-row kernel reads."""
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    parts: list[torch.Tensor]
+
+
+def _fused(linears: list[torch.nn.Linear]) -> Packed:
+    """The layers' weights packed for ``_matmul``."""
+    parts = [m.weight for m in linears]
+    weight = torch.cat(parts)
     if onednn_products(weight.dtype, weight.device):
         weight = torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT)
     if all(m.bias is None for m in linears):
-        return weight, None
-    return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
+        return Packed(weight, None, parts)
+    bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
+    return Packed(weight, bias, parts)
 
 
 def _per_query_head(mask: torch.Tensor, g: int) -> torch.Tensor:
@@ -207,20 +221,24 @@ class SharedPrefix:
         self.slot = None if in_place else torch.tensor(slots, device=self.mask.device)
 
 
-def _matmul(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
-    """``x`` [..., in] times the packed [out, in] weight, plus its bias.  A oneDNN weight goes to oneDNN's linear;
-    any other as ``weight @ x^T``, whose result [..., out] is a transposed view (its rows are strided), which
-    the element-wise operations and views after it take as is."""
-    weight, bias = packed
-    if weight.is_mkldnn:
+def _matmul(x: torch.Tensor, packed: Packed, few=None) -> torch.Tensor:
+    """``x`` [..., in] times the packed [out, in] weight, plus its bias.  At most ``few_rows.MAX_ROWS`` rows go
+    to the few-row kernel ``few`` (a module from ``few_rows.kernel()``) where one is given; otherwise a oneDNN
+    weight goes to oneDNN's linear, and any other is multiplied as ``weight @ x^T``, whose result [..., out] is a
+    transposed view (its rows are strided), which the element-wise operations and views after it take as is."""
+    weight, bias, parts = packed
+    if few is not None and x.numel() <= few_rows.MAX_ROWS * x.shape[-1]:
+        y = few_rows.linear_rows(few, x, parts)
+    elif weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    y = (weight @ x.reshape(-1, x.shape[-1]).t()).t().view(*x.shape[:-1], weight.shape[0])
+    else:
+        y = (weight @ x.reshape(-1, x.shape[-1]).t()).t().view(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
 
 
 class LeanDecoder:
     def __init__(self, model: torch.nn.Module, cuda_graphs: bool = True, shared_prefix: bool = True,
-                 shared_prefix_min_elements: int = SHARED_PREFIX_MIN_ELEMENTS):
+                 shared_prefix_min_elements: int = SHARED_PREFIX_MIN_ELEMENTS, few_row_kernel: bool = True):
         if not lean_supported(model):
             raise ValueError(f"the lean decoder does not support {type(model).__name__}")
         cfg = model.config
@@ -233,6 +251,8 @@ class LeanDecoder:
         self.cuda_graphs = cuda_graphs
         self.shared_prefix = shared_prefix  # off: repeated rows copy the cache everywhere
         self.shared_prefix_min_elements = shared_prefix_min_elements  # prefix_pays
+        self.few_row_kernel = few_row_kernel  # few_rows: products of at most MAX_ROWS rows on x86 CPUs in float32
+        self.few = None  # the kernel's module while the weights suit it (_pack)
         self._graph: _DecodeGraph | None = None
 
     def _pack(self) -> None:
@@ -247,6 +267,9 @@ class LeanDecoder:
                 self.layers.append((_fused([attn.q_proj, attn.k_proj, attn.v_proj]), _fused([attn.o_proj]),
                                     _fused([mlp.gate_proj, mlp.up_proj]), _fused([mlp.down_proj])))
             self.head = _fused([self.model.lm_head])
+        parts = [w for packed in (*(p for layer in self.layers for p in layer), self.head) for w in packed.parts]
+        self.few = (few_rows.kernel() if self.few_row_kernel and all(
+            w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous() for w in parts) else None)
         self._packed_key = key
 
     def start(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -382,18 +405,18 @@ class LeanDecoder:
         for i, layer in enumerate(self.body.layers):
             qkv_w, o_w, gate_up_w, down_w = self.layers[i]
             x = _rms(h, layer.input_layernorm)
-            qkv = _matmul(x, qkv_w).contiguous()  # attention's fused kernel wants whole rows
+            qkv = _matmul(x, qkv_w, self.few).contiguous()  # attention's fused kernel wants whole rows
             qk = qkv[..., :split].view(B, T, nq + nkv, D)
             qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
             keys, values = store(i, qk[:, :, nq:].transpose(1, 2), qkv[..., split:].view(B, T, nkv, D).transpose(1, 2))
             q = qk[:, :, :nq].transpose(1, 2)
             o = (grouped_attention(q, keys, values, mask, self.scale) if self.prefix is None
                  else split_attention(q, self.prefix, i, keys, values, mask, self.scale))
-            h = h + _matmul(o.transpose(1, 2).reshape(B, T, -1), o_w)
+            h = h + _matmul(o.transpose(1, 2).reshape(B, T, -1), o_w, self.few)
             x = _rms(h, layer.post_attention_layernorm)
-            gate, up = _matmul(x, gate_up_w).chunk(2, dim=-1)
-            h = h + _matmul(F.silu(gate) * up, down_w)
-        return _matmul(_rms(h[:, -1], self.body.norm), self.head).contiguous()  # rows whole for the sampling
+            gate, up = _matmul(x, gate_up_w, self.few).chunk(2, dim=-1)
+            h = h + _matmul(F.silu(gate) * up, down_w, self.few)
+        return _matmul(_rms(h[:, -1], self.body.norm), self.head, self.few).contiguous()  # rows whole for the sampling
 
 
 class _DecodeGraph:

@@ -1,0 +1,111 @@
+// Products of a few rows by linear weights, for the lean decoder's decode steps on x86 CPUs with AVX2 and FMA.
+//
+// y[m, n] = sum_k x[m, k] * w[n, k]: each output is the dot product of a row of x with a row of the weight, which
+// stays in its nn.Linear layout [out, in] (no copy, nothing to repack when the weights change).  Several weights
+// that read the same x (query, key and value; gate and up) write their outputs side by side.  A block of 4 rows
+// of x and 2 weight rows keeps 8 running sums of 8 lanes in registers: per 8 values of k, 2 weight loads and 4
+// loads of x feed 8 fused multiply-adds.  The weight's rows are split among the intra-op threads in chunks of
+// 16 outputs.  Built on first use by hpc_rlhf/engines/few_rows.py.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+inline float lane_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// R rows of x (stride K) against C weight rows (w0, and w1 where C == 2): y[r * ldy + c].
+template <int R, int C>
+inline void dots(const float* x, int64_t K, const float* w0, const float* w1, float* y, int64_t ldy) {
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 v0 = _mm256_loadu_ps(w0 + k);
+    const __m256 v1 = C > 1 ? _mm256_loadu_ps(w1 + k) : v0;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
+      acc[r][0] = _mm256_fmadd_ps(xv, v0, acc[r][0]);
+      if constexpr (C > 1) acc[r][1] = _mm256_fmadd_ps(xv, v1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) {
+      const float* w = c == 0 ? w0 : w1;
+      float s = lane_sum(acc[r][c]);
+      for (int64_t t = k; t < K; ++t) s += x[r * K + t] * w[t];  // K's last K % 8 values
+      y[r * ldy + c] = s;
+    }
+  }
+}
+
+// R rows of x against weight rows [n0, n1) of w (row n at w + n * K), into columns [n0, n1) of y.
+template <int R>
+void row_block(const float* x, int64_t K, const float* w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) dots<R, 2>(x, K, w + n * K, w + (n + 1) * K, y + n, ldy);
+  if (n < n1) dots<R, 1>(x, K, w + n * K, nullptr, y + n, ldy);
+}
+
+void rows_against(const float* x, int64_t M, int64_t K, const float* w, int64_t n0, int64_t n1, float* y,
+                  int64_t ldy) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) row_block<4>(x + m * K, K, w, n0, n1, y + m * ldy, ldy);
+  switch (M - m) {
+    case 3: row_block<3>(x + m * K, K, w, n0, n1, y + m * ldy, ldy); break;
+    case 2: row_block<2>(x + m * K, K, w, n0, n1, y + m * ldy, ldy); break;
+    case 1: row_block<1>(x + m * K, K, w, n0, n1, y + m * ldy, ldy); break;
+    default: break;
+  }
+}
+
+constexpr int64_t kChunk = 16;  // outputs per task
+
+}  // namespace
+
+// x [M, K] times each weight [N_i, K] (float32, contiguous) transposed: [M, N_0 + N_1 + ...].
+torch::Tensor linear_rows(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32 && x_in.device().is_cpu(),
+              "linear_rows: x must be a 2-d float32 CPU tensor");
+  TORCH_CHECK(!weights.empty(), "linear_rows: no weights");
+  const torch::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  std::vector<int64_t> start;
+  int64_t total = 0;
+  for (const auto& w : weights) {
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == K && w.scalar_type() == torch::kFloat32 && w.is_contiguous() &&
+                    w.device().is_cpu(),
+                "linear_rows: each weight must be a contiguous float32 CPU tensor [out, ", K, "]");
+    start.push_back(total);
+    total += w.size(0);
+  }
+  torch::Tensor y = torch::empty({M, total}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, (total + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t g0 = c * kChunk, g1 = std::min(total, g0 + kChunk);  // global output columns
+      for (size_t i = 0; i < weights.size(); ++i) {
+        const int64_t lo = std::max(g0, start[i]), hi = std::min(g1, start[i] + weights[i].size(0));
+        if (lo >= hi) continue;
+        // weight i's rows [lo, hi) - start[i] are the output's columns [lo, hi)
+        rows_against(xp, M, K, weights[i].data_ptr<float>(), lo - start[i], hi - start[i], yp + start[i], total);
+      }
+    }
+  });
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear_rows", &linear_rows, "x [M, K] times weights [N_i, K] transposed, side by side");
+}

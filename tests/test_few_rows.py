@@ -1,0 +1,109 @@
+"""The few-row product kernel (hpc_rlhf/engines/few_rows.cpp): the products it computes, where it is used, and what
+happens where it cannot be built."""
+import logging
+
+import pytest
+import torch
+
+from hpc_rlhf.engines import few_rows
+
+
+def _kernel():
+    mod = few_rows.kernel()
+    # this machine (and CI's) is an x86 CPU with AVX2 and a compiler: the kernel must build here
+    assert few_rows.cpu_supported() is None and mod is not None
+    return mod
+
+
+@pytest.mark.parametrize("K", [8, 13, 64, 257])  # whole lanes of 8, and K % 8 left over
+def test_products_match_float64(K):
+    """Every row count from 1 to 9 (blocks of 4 rows and 1-3 left over), weights of odd and even output counts
+    side by side (pairs of weight rows and one left over), against the product in float64."""
+    mod = _kernel()
+    g = torch.Generator().manual_seed(K)
+    weights = [torch.randn(n, K, generator=g) for n in (1, 3, 16, 17)]
+    for rows in range(1, 10):
+        x = torch.randn(rows, K, generator=g)
+        got = mod.linear_rows(x, weights)
+        want = (x.double() @ torch.cat(weights).double().t()).float()
+        assert got.shape == (rows, 37) and got.is_contiguous()
+        torch.testing.assert_close(got, want, atol=1e-5 * K ** 0.5, rtol=1e-5)
+
+
+def test_leading_dimensions_and_strided_input():
+    """``linear_rows`` keeps the input's leading dimensions, and a strided input (a transposed view) gives the
+    same product as its contiguous copy."""
+    mod = _kernel()
+    x = torch.randn(2, 3, 40)
+    w = [torch.randn(5, 40)]
+    got = few_rows.linear_rows(mod, x, w)
+    assert got.shape == (2, 3, 5)
+    torch.testing.assert_close(got, x @ w[0].t())
+    xt = torch.randn(40, 6).t()  # [6, 40], not contiguous
+    torch.testing.assert_close(mod.linear_rows(xt, w), xt.contiguous() @ w[0].t())
+
+
+def test_bad_inputs_are_refused_with_the_reason():
+    mod = _kernel()
+    with pytest.raises(RuntimeError, match="contiguous float32 CPU tensor"):
+        mod.linear_rows(torch.randn(2, 8), [torch.randn(8, 4).t()])  # [4, 8] but strided
+    with pytest.raises(RuntimeError, match="contiguous float32 CPU tensor"):
+        mod.linear_rows(torch.randn(2, 8), [torch.randn(4, 9)])  # K differs
+    with pytest.raises(RuntimeError, match="2-d float32"):
+        mod.linear_rows(torch.randn(2, 8, dtype=torch.float64), [torch.randn(4, 8)])
+
+
+def test_a_failed_build_warns_and_leaves_onednn(tmp_path, monkeypatch, caplog):
+    """A source that does not compile: ``build`` returns None and logs why, naming the file."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    bad = tmp_path / "broken.cpp"
+    bad.write_text("#include <torch/extension.h>\nthis is not C++;\n")
+    with caplog.at_level(logging.WARNING, logger=few_rows.__name__):
+        assert few_rows.build(bad, "hpc_rlhf_few_rows_broken") is None
+    assert "few-row product kernel unavailable" in caplog.text and str(bad) in caplog.text
+
+
+def test_other_cpus_are_named(monkeypatch):
+    monkeypatch.setattr(few_rows.platform, "machine", lambda: "aarch64")
+    assert few_rows.cpu_supported() == "the CPU is aarch64, not x86-64"
+    monkeypatch.setattr(few_rows.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(few_rows.torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    assert few_rows.cpu_supported() == "the CPU has no AVX2 (PyTorch reports DEFAULT)"
+
+
+def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
+    """The lean decoder sends products of at most MAX_ROWS rows to the kernel and larger ones to oneDNN, gives
+    the same logits either way, and uses no kernel with ``few_row_kernel=False``."""
+    from transformers import AutoModelForCausalLM
+
+    from hpc_rlhf.engines import lean_decoder
+    from hpc_rlhf.models.tiny import build_tiny_model
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(
+        tmp_path / "m", arch="qwen2", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+        max_position_embeddings=64, seed=3)).eval()
+    rows_seen = []
+    real = few_rows.linear_rows
+
+    def counting(mod, x, weights):
+        rows_seen.append(x.numel() // x.shape[-1])
+        return real(mod, x, weights)
+    monkeypatch.setattr(lean_decoder.few_rows, "linear_rows", counting)
+    logits = {}
+    for use in (True, False):
+        dec = lean_decoder.LeanDecoder(model, few_row_kernel=use)
+        B = 3
+        dec.start(B, 8, torch.float32, torch.device("cpu"))
+        assert (dec.few is not None) == use
+        with torch.no_grad():
+            first = dec.forward(torch.tensor([[5, 6, 7, 8]] * B), torch.arange(4).expand(B, 4),
+                                torch.ones(B, 4, dtype=torch.bool))
+            second = dec.forward(torch.tensor([[9]] * B), torch.full((B, 1), 4), torch.ones(B, 1, dtype=torch.bool))
+        logits[use] = (first, second)
+        if use:
+            # the prefill's 12 rows went to oneDNN but its head (3 rows) and every decode product to the kernel
+            assert rows_seen and max(rows_seen) <= few_rows.MAX_ROWS and len(rows_seen) == 1 + 4 * 2 + 1
+            rows_seen.clear()
+    assert not rows_seen
+    for a, b in zip(logits[True], logits[False]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
