@@ -4,8 +4,9 @@
 step multiplies a batch of 64 rows by each weight) and may run slower.  This script times each of them:
 
 - decode: each weight of the lean decoder (query/key/value and gate/up packed) and the output head, at
-  ``--decode-rows`` rows (the rows still decoding), multiplied as the decoder does (``lean_decoder._fused`` and
-  ``_matmul``: oneDNN's linear on reordered weights on the CPU in fp32, else ``W @ x^T``), and as plain
+  ``--decode-rows`` rows (the rows still decoding), multiplied as the decoder does (``lean_decoder.Packed`` and
+  ``_matmul``: at most ``few_rows.MAX_ROWS`` rows by the few-row kernel and more by oneDNN's linear on
+  reordered weights on the CPU in fp32, else ``W @ x^T``), and as plain
   ``W @ x^T`` beside it (``decode_w_xt``);
 - training: the forward ``F.linear(x, W)`` and the two backward products (input gradient ``g @ W``, weight
   gradient ``g.T @ x``) of each linear layer of the transformers model, at ``--train-rows`` tokens per
@@ -59,15 +60,17 @@ def time_decode(weights: dict, rows: int, dtype, min_s: float, as_decoder: bool 
     """Each product at ``rows`` rows: as the lean decoder runs it, or (``as_decoder`` False) as ``W @ x^T``."""
     import torch
 
-    from hpc_rlhf.engines.lean_decoder import _fused, _matmul
+    from hpc_rlhf.engines import few_rows
+    from hpc_rlhf.engines.lean_decoder import Packed, _matmul
+    few = few_rows.kernel() if dtype == torch.float32 else None  # the decoder's kernel for a few rows
     out = {}
     for name, (n_in, n_out) in weights.items():
         x, w = torch.randn(rows, n_in).to(dtype), torch.randn(n_out, n_in).to(dtype)
         linear = torch.nn.Linear(n_in, n_out, bias=False, dtype=dtype)
         with torch.no_grad():
             linear.weight.copy_(w)
-            packed = _fused([linear])
-        fn = (lambda: _matmul(x, packed)) if as_decoder else (lambda: w @ x.t())
+            packed = Packed([linear])
+        fn = (lambda: _matmul(x, packed, few)) if as_decoder else (lambda: w @ x.t())
         flops = 2 * rows * n_in * n_out
         out[name] = {"flops": flops, "flop_s": flops / _best_time(fn, min_s)}
     return out

@@ -73,7 +73,8 @@ def test_other_cpus_are_named(monkeypatch):
 
 def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
     """The lean decoder sends products of at most MAX_ROWS rows to the kernel and larger ones to oneDNN, gives
-    the same logits either way, and uses no kernel with ``few_row_kernel=False``."""
+    the same logits either way, stacks a product's weights only when oneDNN needs them, and uses no kernel with
+    ``few_row_kernel=False``."""
     from transformers import AutoModelForCausalLM
 
     from hpc_rlhf.engines import lean_decoder
@@ -103,6 +104,9 @@ def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
             # the prefill's 12 rows went to oneDNN but its head (3 rows) and every decode product to the kernel
             assert rows_seen and max(rows_seen) <= few_rows.MAX_ROWS and len(rows_seen) == 1 + 4 * 2 + 1
             rows_seen.clear()
+        # the stacked copies exist only for products that oneDNN ran: not the head's, where the kernel ran all
+        assert all(p._weight is not None for layer in dec.layers for p in layer)
+        assert (dec.head._weight is None) == use
     assert not rows_seen
     for a, b in zip(logits[True], logits[False]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

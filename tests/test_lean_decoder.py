@@ -4,7 +4,7 @@ import torch
 
 from hpc_rlhf.engines import few_rows
 from hpc_rlhf.engines.hf_engine import HFEngine
-from hpc_rlhf.engines.lean_decoder import LeanDecoder, _fused, _matmul, lean_supported, onednn_products
+from hpc_rlhf.engines.lean_decoder import LeanDecoder, Packed, _matmul, lean_supported, onednn_products
 from hpc_rlhf.engines.rollout import SamplingParams
 
 
@@ -290,9 +290,9 @@ def test_packed_product_is_the_linear(dtype, bias):
     linears = [torch.nn.Linear(24, n, bias=bias, dtype=dtype) for n in (8, 16)]
     if bias:
         linears.append(torch.nn.Linear(24, 4, bias=False, dtype=dtype))  # a layer without one gets zeros
-    packed = _fused(linears)
-    assert packed[0].is_mkldnn == (dtype == torch.float32 and torch.backends.mkldnn.is_available())
-    assert onednn_products(dtype, torch.device("cpu")) == packed[0].is_mkldnn
+    packed = Packed(linears)
+    assert packed.weight.is_mkldnn == (dtype == torch.float32 and torch.backends.mkldnn.is_available())
+    assert onednn_products(dtype, torch.device("cpu")) == packed.weight.is_mkldnn
     assert not onednn_products(torch.float32, torch.device("cuda"))
     weight = torch.cat([m.weight for m in linears]).detach()
     b = torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in linears])

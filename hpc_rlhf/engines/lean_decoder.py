@@ -12,8 +12,11 @@ oneDNN's blocked layout and multiplied by oneDNN's linear (``torch.ops.mkldnn._l
 the weight again at every call, which at decode's few rows costs more than the arithmetic (on the 2-core AMD
 EPYC host of docs/performance.md the output head at 16 rows took 6.2 against 16.3 ms).  Elsewhere each product
 is ``weight @ x^T`` with the weight [out, in] on the left, so that BLAS streams the weight as the long operand.
-The copies cost one more copy of the linear weights and are rebuilt whenever a weight of the module changed
-(its storage or version counter), so loading new weights into the module takes effect at the next ``start``.
+At most ``few_rows.MAX_ROWS`` rows (small batches, a batch's last rows) go on an x86 CPU in float32 to a compiled
+kernel that reads the module's own weights (``few_rows``); oneDNN's fixed cost per call is most of a product there.
+A copy costs one more copy of its weights; it is made on the first product that needs it and made again after a
+weight of the module changed (its storage or version counter), so loading new weights into the module takes
+effect at the next ``start``, and a generation whose products all went to the kernel copies nothing.
 Tests compare its logits with the transformers forward.
 
 Grouped-query attention (fewer key/value heads than query heads) folds each key/value head's query heads
@@ -38,8 +41,6 @@ slot held in a device tensor and attends over the whole cache (the slots not yet
 that its shapes and addresses are the same at every step.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -106,25 +107,26 @@ def onednn_products(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-class Packed(NamedTuple):
-    """A product's weights: the modules' weights stacked (``weight``, [sum of outs, in], in oneDNN's layout where
-    ``onednn_products``), their biases stacked (None if none has one), and the modules' own weights (``parts``,
-    [out_i, in] each, not copies) that the few-row kernel reads."""
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    parts: list[torch.Tensor]
+class Packed:
+    """A product's weights: the modules' own weights (``parts``, [out_i, in] each, not copies), which the few-row
+    kernel reads; their biases stacked (``bias``, None if none has one); and, built on the first product that
+    needs it, their weights stacked (``weight``, [sum of outs, in], in oneDNN's layout where ``onednn_products``)."""
 
+    def __init__(self, linears: list[torch.nn.Linear]):
+        self.parts = [m.weight for m in linears]
+        self.bias = (None if all(m.bias is None for m in linears) else
+                     torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears]))
+        self._weight: torch.Tensor | None = None
 
-def _fused(linears: list[torch.nn.Linear]) -> Packed:
-    """The layers' weights packed for ``_matmul``."""
-    parts = [m.weight for m in linears]
-    weight = torch.cat(parts)
-    if onednn_products(weight.dtype, weight.device):
-        weight = torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT)
-    if all(m.bias is None for m in linears):
-        return Packed(weight, None, parts)
-    bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
-    return Packed(weight, bias, parts)
+    @property
+    def weight(self) -> torch.Tensor:
+        if self._weight is None:
+            with torch.no_grad():
+                weight = torch.cat(self.parts)
+                if onednn_products(weight.dtype, weight.device):
+                    weight = torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT)
+            self._weight = weight
+        return self._weight
 
 
 def _per_query_head(mask: torch.Tensor, g: int) -> torch.Tensor:
@@ -226,13 +228,13 @@ def _matmul(x: torch.Tensor, packed: Packed, few=None) -> torch.Tensor:
     to the few-row kernel ``few`` (a module from ``few_rows.kernel()``) where one is given; otherwise a oneDNN
     weight goes to oneDNN's linear, and any other is multiplied as ``weight @ x^T``, whose result [..., out] is a
     transposed view (its rows are strided), which the element-wise operations and views after it take as is."""
-    weight, bias, parts = packed
+    bias = packed.bias
     if few is not None and x.numel() <= few_rows.MAX_ROWS * x.shape[-1]:
-        y = few_rows.linear_rows(few, x, parts)
-    elif weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        y = few_rows.linear_rows(few, x, packed.parts)
+    elif packed.weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, packed.weight, bias, "none", [], "")
     else:
-        y = (weight @ x.reshape(-1, x.shape[-1]).t()).t().view(*x.shape[:-1], weight.shape[0])
+        y = (packed.weight @ x.reshape(-1, x.shape[-1]).t()).t().view(*x.shape[:-1], packed.weight.shape[0])
     return y if bias is None else y + bias
 
 
@@ -256,7 +258,8 @@ class LeanDecoder:
         self._graph: _DecodeGraph | None = None
 
     def _pack(self) -> None:
-        """(Re)build the packed weights if any weight of the module changed since they were made."""
+        """(Re)make the packed weights (their stacked copies left to the first product that needs them) if any
+        weight of the module changed since they were made."""
         key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in self.model.parameters())
         if key == self._packed_key:
             return
@@ -264,9 +267,9 @@ class LeanDecoder:
             self.layers = []
             for layer in self.body.layers:
                 attn, mlp = layer.self_attn, layer.mlp
-                self.layers.append((_fused([attn.q_proj, attn.k_proj, attn.v_proj]), _fused([attn.o_proj]),
-                                    _fused([mlp.gate_proj, mlp.up_proj]), _fused([mlp.down_proj])))
-            self.head = _fused([self.model.lm_head])
+                self.layers.append((Packed([attn.q_proj, attn.k_proj, attn.v_proj]), Packed([attn.o_proj]),
+                                    Packed([mlp.gate_proj, mlp.up_proj]), Packed([mlp.down_proj])))
+            self.head = Packed([self.model.lm_head])
         parts = [w for packed in (*(p for layer in self.layers for p in layer), self.head) for w in packed.parts]
         self.few = (few_rows.kernel() if self.few_row_kernel and all(
             w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous() for w in parts) else None)
