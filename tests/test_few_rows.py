@@ -30,6 +30,25 @@ def test_products_match_float64(K):
         torch.testing.assert_close(got, want, atol=1e-5 * K ** 0.5, rtol=1e-5)
 
 
+def test_the_norm_before_the_product():
+    """With a norm weight the rows are RMS-normalised first (Llama's norm: x * rsqrt(mean(x^2) + eps) * g): the
+    same as ``F.rms_norm`` then the product, in float64; an input of one value per row normalises to +-1."""
+    mod = _kernel()
+    g = torch.Generator().manual_seed(5)
+    for K in (8, 61):
+        x, w, gain = torch.randn(6, K, generator=g) * 3, [torch.randn(9, K, generator=g)], torch.rand(K, generator=g)
+        got = mod.linear_rows(x, w, gain, 1e-5)
+        normed = torch.nn.functional.rms_norm(x.double(), (K,), gain.double(), 1e-5)
+        torch.testing.assert_close(got, (normed @ w[0].double().t()).float(), atol=1e-5 * K ** 0.5, rtol=1e-5)
+    # rows [c, c, ..., c]: mean of squares c^2, so each normalised value is sign(c) (eps 0), times the gain
+    x = torch.tensor([[2.0] * 8, [-0.5] * 8])
+    ones = torch.ones(8)
+    got = mod.linear_rows(x, [torch.eye(8)], ones, 0.0)
+    torch.testing.assert_close(got, torch.tensor([[1.0] * 8, [-1.0] * 8]))
+    with pytest.raises(RuntimeError, match="norm weight must be a contiguous float32 CPU tensor"):
+        mod.linear_rows(x, [torch.eye(8)], torch.ones(7), 0.0)
+
+
 def test_leading_dimensions_and_strided_input():
     """``linear_rows`` keeps the input's leading dimensions, and a strided input (a transposed view) gives the
     same product as its contiguous copy."""
@@ -85,9 +104,9 @@ def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
     rows_seen = []
     real = few_rows.linear_rows
 
-    def counting(mod, x, weights):
+    def counting(mod, x, weights, norm=None):
         rows_seen.append(x.numel() // x.shape[-1])
-        return real(mod, x, weights)
+        return real(mod, x, weights, norm)
     monkeypatch.setattr(lean_decoder.few_rows, "linear_rows", counting)
     logits = {}
     for use in (True, False):

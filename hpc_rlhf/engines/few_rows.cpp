@@ -5,12 +5,15 @@
 // that read the same x (query, key and value; gate and up) write their outputs side by side.  A block of 4 rows
 // of x and 2 weight rows keeps 8 running sums of 8 lanes in registers: per 8 values of k, 2 weight loads and 4
 // loads of x feed 8 fused multiply-adds.  The weight's rows are split among the intra-op threads in chunks of
-// 16 outputs.  Built on first use by hpc_rlhf/engines/few_rows.py.
+// 16 outputs.  The RMS norm before a product (Llama's, in float32) can run in the kernel too, on x's few rows,
+// in place of a chain of small tensor operations.  Built on first use by hpc_rlhf/engines/few_rows.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -73,13 +76,33 @@ constexpr int64_t kChunk = 16;  // outputs per task
 
 }  // namespace
 
-// x [M, K] times each weight [N_i, K] (float32, contiguous) transposed: [M, N_0 + N_1 + ...].
-torch::Tensor linear_rows(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights) {
+// x [M, K] times each weight [N_i, K] (float32, contiguous) transposed: [M, N_0 + N_1 + ...].  With a norm weight
+// [K], x is first RMS-normalised as Llama's norm does it in float32: x * rsqrt(mean(x^2) + eps) * norm_weight.
+torch::Tensor linear_rows(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
+                          const std::optional<torch::Tensor>& norm_weight, double eps) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32 && x_in.device().is_cpu(),
               "linear_rows: x must be a 2-d float32 CPU tensor");
   TORCH_CHECK(!weights.empty(), "linear_rows: no weights");
-  const torch::Tensor x = x_in.contiguous();
+  torch::Tensor x = x_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1);
+  if (norm_weight.has_value()) {
+    const torch::Tensor& g = *norm_weight;
+    TORCH_CHECK(g.dim() == 1 && g.size(0) == K && g.scalar_type() == torch::kFloat32 && g.is_contiguous() &&
+                    g.device().is_cpu(),
+                "linear_rows: the norm weight must be a contiguous float32 CPU tensor [", K, "]");
+    torch::Tensor normed = torch::empty_like(x);
+    const float* src = x.data_ptr<float>();
+    const float* gp = g.data_ptr<float>();
+    float* dst = normed.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m) {
+      const float* row = src + m * K;
+      float squares = 0.f;
+      for (int64_t k = 0; k < K; ++k) squares += row[k] * row[k];
+      const float scale = 1.f / std::sqrt(squares / static_cast<float>(K) + static_cast<float>(eps));
+      for (int64_t k = 0; k < K; ++k) dst[m * K + k] = row[k] * scale * gp[k];
+    }
+    x = normed;
+  }
   std::vector<int64_t> start;
   int64_t total = 0;
   for (const auto& w : weights) {
@@ -107,5 +130,7 @@ torch::Tensor linear_rows(const torch::Tensor& x_in, const std::vector<torch::Te
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_rows", &linear_rows, "x [M, K] times weights [N_i, K] transposed, side by side");
+  m.def("linear_rows", &linear_rows, "x [M, K] (RMS-normalised first with a norm weight) times weights [N_i, K] "
+        "transposed, side by side", py::arg("x"), py::arg("weights"), py::arg("norm_weight") = py::none(),
+        py::arg("eps") = 0.0);
 }

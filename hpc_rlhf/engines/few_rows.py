@@ -64,11 +64,14 @@ def kernel():
     return build()
 
 
-def linear_rows(module, x: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+def linear_rows(module, x: torch.Tensor, weights: list[torch.Tensor], norm: torch.nn.Module | None = None) -> torch.Tensor:
     """``x`` [..., K] times each of ``weights`` ([N_i, K], float32, contiguous) transposed, the outputs side by
-    side: [..., sum N_i]."""
+    side: [..., sum N_i].  With ``norm`` (a Llama RMS norm module: ``weight``, ``variance_epsilon``), ``x`` is
+    normalised by it first, inside the kernel."""
     flat = x.reshape(-1, x.shape[-1])
-    return module.linear_rows(flat, weights).view(*x.shape[:-1], -1)
+    if norm is None:
+        return module.linear_rows(flat, weights).view(*x.shape[:-1], -1)
+    return module.linear_rows(flat, weights, norm.weight, norm.variance_epsilon).view(*x.shape[:-1], -1)
 
 
 if __name__ == "__main__":

@@ -223,18 +223,21 @@ class SharedPrefix:
         self.slot = None if in_place else torch.tensor(slots, device=self.mask.device)
 
 
-def _matmul(x: torch.Tensor, packed: Packed, few=None) -> torch.Tensor:
-    """``x`` [..., in] times the packed [out, in] weight, plus its bias.  At most ``few_rows.MAX_ROWS`` rows go
-    to the few-row kernel ``few`` (a module from ``few_rows.kernel()``) where one is given; otherwise a oneDNN
-    weight goes to oneDNN's linear, and any other is multiplied as ``weight @ x^T``, whose result [..., out] is a
-    transposed view (its rows are strided), which the element-wise operations and views after it take as is."""
+def _matmul(x: torch.Tensor, packed: Packed, few=None, norm: torch.nn.Module | None = None) -> torch.Tensor:
+    """``x`` [..., in], normalised by the RMS norm module ``norm`` first where one is given, times the packed
+    [out, in] weight, plus its bias.  At most ``few_rows.MAX_ROWS`` rows go to the few-row kernel ``few`` (a module
+    from ``few_rows.kernel()``, which also applies the norm) where one is given; otherwise a oneDNN weight goes to
+    oneDNN's linear, and any other is multiplied as ``weight @ x^T``, whose result [..., out] is a transposed view
+    (its rows are strided), which the element-wise operations and views after it take as is."""
     bias = packed.bias
     if few is not None and x.numel() <= few_rows.MAX_ROWS * x.shape[-1]:
-        y = few_rows.linear_rows(few, x, packed.parts)
-    elif packed.weight.is_mkldnn:
+        y = few_rows.linear_rows(few, x, packed.parts, norm)
+        return y if bias is None else y + bias
+    if norm is not None:
+        x = _rms(x, norm)
+    if packed.weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, packed.weight, bias, "none", [], "")
-    else:
-        y = (packed.weight @ x.reshape(-1, x.shape[-1]).t()).t().view(*x.shape[:-1], packed.weight.shape[0])
+    y = (packed.weight @ x.reshape(-1, x.shape[-1]).t()).t().view(*x.shape[:-1], packed.weight.shape[0])
     return y if bias is None else y + bias
 
 
@@ -254,7 +257,7 @@ class LeanDecoder:
         self.shared_prefix = shared_prefix  # off: repeated rows copy the cache everywhere
         self.shared_prefix_min_elements = shared_prefix_min_elements  # prefix_pays
         self.few_row_kernel = few_row_kernel  # few_rows: products of at most MAX_ROWS rows on x86 CPUs in float32
-        self.few = None  # the kernel's module while the weights suit it (_pack)
+        self.few = None  # the kernel's module while the weights and norms suit it (_pack)
         self._graph: _DecodeGraph | None = None
 
     def _pack(self) -> None:
@@ -271,6 +274,8 @@ class LeanDecoder:
                                     Packed([mlp.gate_proj, mlp.up_proj]), Packed([mlp.down_proj])))
             self.head = Packed([self.model.lm_head])
         parts = [w for packed in (*(p for layer in self.layers for p in layer), self.head) for w in packed.parts]
+        parts += [self.body.norm.weight] + [n.weight for layer in self.body.layers
+                                            for n in (layer.input_layernorm, layer.post_attention_layernorm)]
         self.few = (few_rows.kernel() if self.few_row_kernel and all(
             w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous() for w in parts) else None)
         self._packed_key = key
@@ -407,8 +412,7 @@ class LeanDecoder:
         split = (nq + nkv) * D  # queries and keys | values
         for i, layer in enumerate(self.body.layers):
             qkv_w, o_w, gate_up_w, down_w = self.layers[i]
-            x = _rms(h, layer.input_layernorm)
-            qkv = _matmul(x, qkv_w, self.few).contiguous()  # attention's fused kernel wants whole rows
+            qkv = _matmul(h, qkv_w, self.few, layer.input_layernorm).contiguous()  # attention's kernel: whole rows
             qk = qkv[..., :split].view(B, T, nq + nkv, D)
             qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
             keys, values = store(i, qk[:, :, nq:].transpose(1, 2), qkv[..., split:].view(B, T, nkv, D).transpose(1, 2))
@@ -416,10 +420,9 @@ class LeanDecoder:
             o = (grouped_attention(q, keys, values, mask, self.scale) if self.prefix is None
                  else split_attention(q, self.prefix, i, keys, values, mask, self.scale))
             h = h + _matmul(o.transpose(1, 2).reshape(B, T, -1), o_w, self.few)
-            x = _rms(h, layer.post_attention_layernorm)
-            gate, up = _matmul(x, gate_up_w, self.few).chunk(2, dim=-1)
+            gate, up = _matmul(h, gate_up_w, self.few, layer.post_attention_layernorm).chunk(2, dim=-1)
             h = h + _matmul(F.silu(gate) * up, down_w, self.few)
-        return _matmul(_rms(h[:, -1], self.body.norm), self.head, self.few).contiguous()  # rows whole for the sampling
+        return _matmul(h[:, -1], self.head, self.few, self.body.norm).contiguous()  # rows whole for the sampling
 
 
 class _DecodeGraph:
