@@ -49,6 +49,24 @@ def test_the_norm_before_the_product():
         mod.linear_rows(x, [torch.eye(8)], torch.ones(7), 0.0)
 
 
+def test_the_gated_input():
+    """``gated``: x = [gate | up] and the product's input is silu(gate) * up (Llama's MLP), against float64; an odd
+    width and a norm together with gating are refused."""
+    mod = _kernel()
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(5, 2 * 21, generator=g) * 4, [torch.randn(7, 21, generator=g)]
+    gate, up = x.double().chunk(2, dim=-1)
+    want = (torch.nn.functional.silu(gate) * up) @ w[0].double().t()
+    torch.testing.assert_close(mod.linear_rows(x, w, gated=True), want.float(), atol=1e-5, rtol=1e-5)
+    # silu(0) = 0 and silu(a) -> a for large a: [0, 30 | 5, 2] -> [0 * 5, 30 * 2] (exp(-30) is below float's step)
+    got = mod.linear_rows(torch.tensor([[0.0, 30.0, 5.0, 2.0]]), [torch.eye(2)], gated=True)
+    torch.testing.assert_close(got, torch.tensor([[0.0, 60.0]]))
+    with pytest.raises(RuntimeError, match="even width"):
+        mod.linear_rows(torch.randn(2, 5), [torch.randn(3, 2)], gated=True)
+    with pytest.raises(RuntimeError, match="exclude each other"):
+        mod.linear_rows(torch.randn(2, 4), [torch.randn(3, 2)], torch.ones(4), 1e-6, True)
+
+
 def test_leading_dimensions_and_strided_input():
     """``linear_rows`` keeps the input's leading dimensions, and a strided input (a transposed view) gives the
     same product as its contiguous copy."""
@@ -104,9 +122,9 @@ def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
     rows_seen = []
     real = few_rows.linear_rows
 
-    def counting(mod, x, weights, norm=None):
+    def counting(mod, x, weights, norm=None, gated=False):
         rows_seen.append(x.numel() // x.shape[-1])
-        return real(mod, x, weights, norm)
+        return real(mod, x, weights, norm, gated)
     monkeypatch.setattr(lean_decoder.few_rows, "linear_rows", counting)
     logits = {}
     for use in (True, False):
@@ -130,3 +148,40 @@ def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
     for a, b in zip(logits[True], logits[False]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
+
+
+@pytest.mark.parametrize("nq,nkv,D", [(4, 4, 16), (6, 2, 12), (3, 1, 64)])  # equal heads, grouped, one kv head
+def test_decode_attention_matches_sdpa(nq, nkv, D):
+    """``attend_one``: one query per row and head over the valid slots of strided key/value caches (a view of
+    the first S of a longer cache, as the decoder passes them), against ``scaled_dot_product_attention`` with
+    ``enable_gqa`` in float64; heads side by side in the output."""
+    mod = _kernel()
+    g = torch.Generator().manual_seed(nq * 100 + D)
+    B, S, capacity = 5, 7, 11
+    qk = torch.randn(B, 1, nq + nkv, D, generator=g)  # the decoder's rotated queries and keys, one token
+    keys = torch.randn(B, nkv, capacity, D, generator=g)[:, :, :S]
+    values = torch.randn(B, nkv, capacity, D, generator=g)[:, :, :S]
+    valid = torch.rand(B, S, generator=g) > 0.4
+    valid[:, -1] = True  # the slot just written
+    got = mod.attend_one(qk[:, 0, :nq], keys, values, valid, D ** -0.5)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        qk[:, :, :nq].transpose(1, 2).double(), keys.double(), values.double(), attn_mask=valid[:, None, None],
+        enable_gqa=True)
+    assert got.shape == (B, nq * D)
+    torch.testing.assert_close(got, want.transpose(1, 2).reshape(B, nq * D).float(), atol=1e-5, rtol=1e-5)
+
+
+def test_decode_attention_edge_cases():
+    """One valid slot: its value exactly; equal scores: the mean of the values; no valid slot: zeros (the
+    decoder never asks for one: the slot it just wrote is valid)."""
+    mod = _kernel()
+    q = torch.zeros(3, 1, 8)
+    keys = torch.randn(3, 1, 4, 8)  # q = 0: every score is 0
+    values = torch.arange(3 * 4 * 8, dtype=torch.float32).view(3, 1, 4, 8)
+    valid = torch.tensor([[False, False, True, False], [True] * 4, [False] * 4])
+    got = mod.attend_one(q, keys, values, valid, 0.5)
+    torch.testing.assert_close(got[0], values[0, 0, 2])
+    torch.testing.assert_close(got[1], values[1, 0].mean(0))
+    assert torch.equal(got[2], torch.zeros(8))
+    with pytest.raises(RuntimeError, match="valid must be boolean"):
+        mod.attend_one(q, keys, values, valid.float(), 0.5)

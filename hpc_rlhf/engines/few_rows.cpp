@@ -5,8 +5,9 @@
 // that read the same x (query, key and value; gate and up) write their outputs side by side.  A block of 4 rows
 // of x and 2 weight rows keeps 8 running sums of 8 lanes in registers: per 8 values of k, 2 weight loads and 4
 // loads of x feed 8 fused multiply-adds.  The weight's rows are split among the intra-op threads in chunks of
-// 16 outputs.  The RMS norm before a product (Llama's, in float32) can run in the kernel too, on x's few rows,
-// in place of a chain of small tensor operations.  Built on first use by hpc_rlhf/engines/few_rows.py.
+// 16 outputs.  What comes before a product (Llama's RMS norm, its MLP's silu(gate) * up) can run in the kernel too,
+// on x's few rows, in place of a chain of small tensor operations, and so can a decode step's attention
+// (attend_one).  Built on first use by hpc_rlhf/engines/few_rows.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -78,12 +79,27 @@ constexpr int64_t kChunk = 16;  // outputs per task
 
 // x [M, K] times each weight [N_i, K] (float32, contiguous) transposed: [M, N_0 + N_1 + ...].  With a norm weight
 // [K], x is first RMS-normalised as Llama's norm does it in float32: x * rsqrt(mean(x^2) + eps) * norm_weight.
+// With gated, x is [M, 2K], gate and up side by side, and the product's input is silu(gate) * up.
 torch::Tensor linear_rows(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
-                          const std::optional<torch::Tensor>& norm_weight, double eps) {
+                          const std::optional<torch::Tensor>& norm_weight, double eps, bool gated) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32 && x_in.device().is_cpu(),
               "linear_rows: x must be a 2-d float32 CPU tensor");
   TORCH_CHECK(!weights.empty(), "linear_rows: no weights");
+  TORCH_CHECK(!(gated && norm_weight.has_value()), "linear_rows: gated and a norm weight exclude each other");
   torch::Tensor x = x_in.contiguous();
+  if (gated) {  // x = [gate | up]: the product's input is silu(gate) * up, as Llama's MLP computes it
+    TORCH_CHECK(x.size(1) % 2 == 0, "linear_rows: a gated input has an even width, got ", x.size(1));
+    const int64_t rows = x.size(0), half = x.size(1) / 2;
+    torch::Tensor act = torch::empty({rows, half}, x.options());
+    const float* src = x.data_ptr<float>();
+    float* dst = act.data_ptr<float>();
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t k = 0; k < half; ++k) {
+        const float gate = src[m * 2 * half + k];
+        dst[m * half + k] = gate / (1.f + std::exp(-gate)) * src[m * 2 * half + half + k];
+      }
+    x = act;
+  }
   const int64_t M = x.size(0), K = x.size(1);
   if (norm_weight.has_value()) {
     const torch::Tensor& g = *norm_weight;
@@ -129,8 +145,76 @@ torch::Tensor linear_rows(const torch::Tensor& x_in, const std::vector<torch::Te
   return y;
 }
 
+namespace {
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = lane_sum(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace
+
+// One decode step's attention: query q [B, nq, D] of each row over its keys and values k, v [B, nkv, S, D] (the
+// last dimension contiguous, any strides before it), the slots where valid [B, S] is false left out; query head h
+// reads key/value head h / (nq / nkv).  softmax(scale * q . k) . v per row and head: [B, nq * D], heads side by
+// side (the output projection's input).  A row with no valid slot gets zeros.
+torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                         const torch::Tensor& valid, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4 && valid.dim() == 2, "attend_one: q [B, nq, D], "
+              "k and v [B, nkv, S, D], valid [B, S]");
+  const int64_t B = q.size(0), nq = q.size(1), D = q.size(2), nkv = k.size(1), S = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && nkv > 0 && nq % nkv == 0 &&
+                  valid.size(0) == B && valid.size(1) == S,
+              "attend_one: shapes do not match");
+  for (const auto* t : {&q, &k, &v})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->device().is_cpu() && t->stride(-1) == 1,
+                "attend_one: q, k and v must be float32 CPU tensors with a contiguous last dimension");
+  TORCH_CHECK(valid.scalar_type() == torch::kBool, "attend_one: valid must be boolean");
+  const torch::Tensor ok = valid.contiguous();
+  torch::Tensor out = torch::empty({B, nq * D}, q.options());
+  const int64_t group = nq / nkv;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const bool* okp = ok.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, B * nq, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> weight(S);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / nq, h = i % nq, kh = h / group;
+      const float* qrow = qp + b * q.stride(0) + h * q.stride(1);
+      const float* kbase = kp + b * k.stride(0) + kh * k.stride(1);
+      const float* vbase = vp + b * v.stride(0) + kh * v.stride(1);
+      float top = -INFINITY;
+      for (int64_t s = 0; s < S; ++s) {
+        weight[s] = okp[b * S + s] ? static_cast<float>(scale) * dot(qrow, kbase + s * k.stride(2), D) : -INFINITY;
+        top = std::max(top, weight[s]);
+      }
+      float* o = op + b * nq * D + h * D;
+      std::fill(o, o + D, 0.f);
+      if (top == -INFINITY) continue;
+      float total = 0.f;
+      for (int64_t s = 0; s < S; ++s) {
+        if (weight[s] == -INFINITY) continue;
+        const float p = std::exp(weight[s] - top);
+        total += p;
+        const float* vrow = vbase + s * v.stride(2);
+        for (int64_t d = 0; d < D; ++d) o[d] += p * vrow[d];
+      }
+      for (int64_t d = 0; d < D; ++d) o[d] /= total;
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_rows", &linear_rows, "x [M, K] (RMS-normalised first with a norm weight) times weights [N_i, K] "
+  m.def("attend_one", &attend_one, "one decode step's attention: q [B, nq, D] over k, v [B, nkv, S, D] where "
+        "valid [B, S]: [B, nq * D]");
+  m.def("linear_rows", &linear_rows, "x [M, K] (RMS-normalised first with a norm weight; silu(gate) * up if gated) times weights [N_i, K] "
         "transposed, side by side", py::arg("x"), py::arg("weights"), py::arg("norm_weight") = py::none(),
-        py::arg("eps") = 0.0);
+        py::arg("eps") = 0.0, py::arg("gated") = false);
 }

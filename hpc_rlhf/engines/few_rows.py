@@ -1,17 +1,19 @@
-"""A compiled matrix product for a few rows (``few_rows.cpp``): the lean decoder's decode steps on x86 CPUs.
+"""Compiled kernels for a few rows (``few_rows.cpp``): the lean decoder's decode steps on x86 CPUs.
 
-At 8 rows PyTorch's CPU products (oneDNN, MKL) spend most of their time outside the arithmetic: measured on
-this project's 2-core AMD EPYC (Zen 3) with 2 threads, a 256 x 768 product of 8 rows took 68-83 µs in
-oneDNN and 46 µs here; the toy benchmark's generation (8 rows, 32 tokens, a 3.3M Llama) went from 175 to 144 ms
-(docs/performance.md).  From 16 rows on, oneDNN's blocked kernels win on SmolLM2-135M's shapes, so the decoder
-uses this one for at most ``MAX_ROWS`` rows.
+At 8 rows PyTorch's CPU operations spend most of their time outside the arithmetic: on this project's 2-core AMD
+EPYC (Zen 3) with 2 threads, a 256 x 768 product of 8 rows took 68-83 µs in oneDNN and 46 µs in this kernel, an
+RMS norm of 8 x 256 values 36 µs, a decode step's attention over 38 slots 44-89 µs.  ``linear_rows`` multiplies
+a few rows by linear weights, with the RMS norm before a product or the MLP's ``silu(gate) * up`` done on the
+way in; ``attend_one`` is a decode step's attention.  The toy benchmark's generation (8 rows, 32 tokens, a 3.3M
+Llama) takes about a third less time with them (docs/performance.md).  From 16 rows on, oneDNN's blocked
+products win on SmolLM2-135M's shapes, so the decoder uses these for at most ``MAX_ROWS`` rows.
 
-The kernel reads each weight in its ``nn.Linear`` layout (no copy), so it needs nothing rebuilt when the
-weights change.  It is compiled with the machine's C++ compiler through ``torch.utils.cpp_extension`` on first
-use (about 40 s) and cached by PyTorch (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``);
-``python -m hpc_rlhf.engines.few_rows`` builds it ahead (``scripts/setup_env.sh`` does).  Where it cannot be
+The kernels read each weight in its ``nn.Linear`` layout (no copy), so nothing is rebuilt when the weights
+change.  They are compiled with the machine's C++ compiler through ``torch.utils.cpp_extension`` on first use
+(about 40 s) and cached by PyTorch (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``);
+``python -m hpc_rlhf.engines.few_rows`` builds them ahead (``scripts/setup_env.sh`` does).  Where they cannot be
 built (not an x86 CPU with AVX2, no compiler or headers) ``kernel()`` logs why once and returns None, and the
-decoder keeps oneDNN.
+decoder keeps PyTorch's operations.
 """
 from __future__ import annotations
 
@@ -64,14 +66,18 @@ def kernel():
     return build()
 
 
-def linear_rows(module, x: torch.Tensor, weights: list[torch.Tensor], norm: torch.nn.Module | None = None) -> torch.Tensor:
+def linear_rows(module, x: torch.Tensor, weights: list[torch.Tensor], norm: torch.nn.Module | None = None,
+                gated: bool = False) -> torch.Tensor:
     """``x`` [..., K] times each of ``weights`` ([N_i, K], float32, contiguous) transposed, the outputs side by
     side: [..., sum N_i].  With ``norm`` (a Llama RMS norm module: ``weight``, ``variance_epsilon``), ``x`` is
-    normalised by it first, inside the kernel."""
+    normalised by it first; with ``gated``, ``x`` is [..., 2K], gate and up side by side, and the product's input
+    is ``silu(gate) * up``.  Both inside the kernel."""
     flat = x.reshape(-1, x.shape[-1])
     if norm is None:
-        return module.linear_rows(flat, weights).view(*x.shape[:-1], -1)
-    return module.linear_rows(flat, weights, norm.weight, norm.variance_epsilon).view(*x.shape[:-1], -1)
+        y = module.linear_rows(flat, weights, gated=gated)
+    else:
+        y = module.linear_rows(flat, weights, norm.weight, norm.variance_epsilon, gated)
+    return y.view(*x.shape[:-1], -1)
 
 
 if __name__ == "__main__":

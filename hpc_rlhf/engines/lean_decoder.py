@@ -223,18 +223,23 @@ class SharedPrefix:
         self.slot = None if in_place else torch.tensor(slots, device=self.mask.device)
 
 
-def _matmul(x: torch.Tensor, packed: Packed, few=None, norm: torch.nn.Module | None = None) -> torch.Tensor:
-    """``x`` [..., in], normalised by the RMS norm module ``norm`` first where one is given, times the packed
-    [out, in] weight, plus its bias.  At most ``few_rows.MAX_ROWS`` rows go to the few-row kernel ``few`` (a module
-    from ``few_rows.kernel()``, which also applies the norm) where one is given; otherwise a oneDNN weight goes to
-    oneDNN's linear, and any other is multiplied as ``weight @ x^T``, whose result [..., out] is a transposed view
-    (its rows are strided), which the element-wise operations and views after it take as is."""
+def _matmul(x: torch.Tensor, packed: Packed, few=None, norm: torch.nn.Module | None = None,
+            gated: bool = False) -> torch.Tensor:
+    """``x`` [..., in] times the packed [out, in] weight, plus its bias; first normalised by the RMS norm module
+    ``norm`` where one is given, or, with ``gated``, ``x`` = [gate | up] [..., 2 in] becomes ``silu(gate) * up``.
+    At most ``few_rows.MAX_ROWS`` rows go to the few-row kernel ``few`` (a module from ``few_rows.kernel()``, which
+    also does the norm or the gating) where one is given; otherwise a oneDNN weight goes to oneDNN's linear, and any
+    other is multiplied as ``weight @ x^T``, whose result [..., out] is a transposed view (its rows are strided),
+    which the element-wise operations and views after it take as is."""
     bias = packed.bias
     if few is not None and x.numel() <= few_rows.MAX_ROWS * x.shape[-1]:
-        y = few_rows.linear_rows(few, x, packed.parts, norm)
+        y = few_rows.linear_rows(few, x, packed.parts, norm, gated)
         return y if bias is None else y + bias
     if norm is not None:
         x = _rms(x, norm)
+    if gated:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
     if packed.weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, packed.weight, bias, "none", [], "")
     y = (packed.weight @ x.reshape(-1, x.shape[-1]).t()).t().view(*x.shape[:-1], packed.weight.shape[0])
@@ -410,18 +415,24 @@ class LeanDecoder:
         cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, T, 1, D]
         h = self.body.embed_tokens(ids)
         split = (nq + nkv) * D  # queries and keys | values
+        # a decode step of a few rows without a shared prefix: the few-row kernel's attention too
+        few_step = self.few is not None and T == 1 and B <= few_rows.MAX_ROWS and self.prefix is None
         for i, layer in enumerate(self.body.layers):
             qkv_w, o_w, gate_up_w, down_w = self.layers[i]
             qkv = _matmul(h, qkv_w, self.few, layer.input_layernorm).contiguous()  # attention's kernel: whole rows
             qk = qkv[..., :split].view(B, T, nq + nkv, D)
             qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
             keys, values = store(i, qk[:, :, nq:].transpose(1, 2), qkv[..., split:].view(B, T, nkv, D).transpose(1, 2))
-            q = qk[:, :, :nq].transpose(1, 2)
-            o = (grouped_attention(q, keys, values, mask, self.scale) if self.prefix is None
-                 else split_attention(q, self.prefix, i, keys, values, mask, self.scale))
-            h = h + _matmul(o.transpose(1, 2).reshape(B, T, -1), o_w, self.few)
-            gate, up = _matmul(h, gate_up_w, self.few, layer.post_attention_layernorm).chunk(2, dim=-1)
-            h = h + _matmul(F.silu(gate) * up, down_w, self.few)
+            if few_step:  # mask [B, 1, 1, S]: the slots each row sees
+                o = self.few.attend_one(qk[:, 0, :nq], keys, values, mask[:, 0, 0], self.scale).view(B, T, -1)
+            else:
+                q = qk[:, :, :nq].transpose(1, 2)
+                o = (grouped_attention(q, keys, values, mask, self.scale) if self.prefix is None
+                     else split_attention(q, self.prefix, i, keys, values, mask, self.scale))
+                o = o.transpose(1, 2).reshape(B, T, -1)
+            h = h + _matmul(o, o_w, self.few)
+            gate_up = _matmul(h, gate_up_w, self.few, layer.post_attention_layernorm)
+            h = h + _matmul(gate_up, down_w, self.few, gated=True)
         return _matmul(h[:, -1], self.head, self.few, self.body.norm).contiguous()  # rows whole for the sampling
 
 
