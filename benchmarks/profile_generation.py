@@ -13,9 +13,10 @@ a machine its weights cannot reach; every row then runs to ``--max-new-tokens``)
 run to ``--max-new-tokens`` (the same work in every run, where sampled lengths differ by the last bits of the
 logits); ``--no-shared-prefix`` makes a prompt's samples copy its prefilled cache (the lean decoder's path before
 it shared it), and ``--alternate K`` profiles nothing but times K rounds of the generation copying then sharing it,
-one after the other; ``--compare-hf`` also times transformers' ``generate`` (sampling at temperature 1, the same rows,
-as many new tokens as the engine's longest row) on the same model, so that the two are compared per decode step
-on the same device.
+one after the other (``--alternate-what few_row_kernel``: without, then with the few-row kernel);
+``--no-few-row-kernel`` leaves the kernel out (``few_rows``); ``--compare-hf`` also times transformers' ``generate``
+(sampling at temperature 1, the same rows, as many new tokens as the engine's longest row) on the same model, so
+that the two are compared per decode step on the same device.
 
     .venv/bin/python benchmarks/profile_generation.py     # SmolLM2-135M, 8 x 8 x 256: about 4 minutes
     python benchmarks/profile_generation.py --device cuda --dtype bf16 --random-init --compare-hf
@@ -151,19 +152,32 @@ def device_time(prof, steps: int) -> dict:
             "top_kernels": [{"kernel": k[:120], "gpu_s": v[0], "calls": v[1]} for k, v in top]}
 
 
-def alternate(engine, flat, params, seeds, rounds: int, sync) -> dict:
-    """``rounds`` rounds of the generation with the prefix copied, then shared, one after the other (no
-    profiler): each run's seconds and tokens, and the median milliseconds per token of each way."""
+def set_shared_prefix(engine, on: bool) -> None:
+    engine._lean.shared_prefix = on
+
+
+def set_few_row_kernel(engine, on: bool) -> None:
+    engine._lean.few_row_kernel = on
+    engine._lean._packed_key = None  # the next start re-packs, and takes the kernel or leaves it
+
+
+ALTERNATIVES = {"shared_prefix": set_shared_prefix, "few_row_kernel": set_few_row_kernel}
+
+
+def alternate(engine, flat, params, seeds, rounds: int, sync, what: str = "shared_prefix") -> dict:
+    """``rounds`` rounds of the generation with the lean decoder's option ``what`` (``ALTERNATIVES``) off, then on,
+    one after the other (no profiler): each run's seconds and tokens, and the median milliseconds per token of
+    each way."""
     runs = []
     for _ in range(rounds):
-        for shared in (False, True):
-            engine._lean.shared_prefix = shared
+        for on in (False, True):
+            ALTERNATIVES[what](engine, on)
             out, s = timed(lambda: engine.generate(flat, params, seeds), sync)
             tokens = sum(len(c.token_ids) for c in out)
-            runs.append({"shared_prefix": shared, "s": s, "tokens": tokens, "ms_per_token": 1e3 * s / tokens})
-            print(f"shared_prefix={shared}: {s:.2f} s, {tokens} tokens", file=sys.stderr)
-    median = {f"{'shared' if on else 'copied'}_ms_per_token": statistics.median(
-        r["ms_per_token"] for r in runs if r["shared_prefix"] == on) for on in (False, True)}
+            runs.append({what: on, "s": s, "tokens": tokens, "ms_per_token": 1e3 * s / tokens})
+            print(f"{what}={on}: {s:.2f} s, {tokens} tokens", file=sys.stderr)
+    median = {f"{what}_{'on' if on else 'off'}_ms_per_token": statistics.median(
+        r["ms_per_token"] for r in runs if r[what] == on) for on in (False, True)}
     return {"alternate": runs, **median}
 
 
@@ -201,7 +215,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-stop", action="store_true",
                     help="rows ignore the stop tokens: every row runs to --max-new-tokens, the same work in every run")
     ap.add_argument("--alternate", type=int, default=0, metavar="K",
-                    help="no profile: K rounds of the generation with the prefix copied, then shared (see above)")
+                    help="no profile: K rounds of the generation with --alternate-what off, then on (see above)")
+    ap.add_argument("--alternate-what", choices=sorted(ALTERNATIVES), default="shared_prefix",
+                    help="the lean decoder's option that --alternate turns off and on")
+    ap.add_argument("--no-few-row-kernel", action="store_true",
+                    help="products of a few rows, and their decode steps' attention, through PyTorch's operations "
+                         "instead of the few-row kernel (engine.few_row_kernel false)")
     ap.add_argument("--no-shared-prefix", action="store_true",
                     help="the samples of a prompt copy its prefilled cache instead of sharing it (the lean decoder's "
                          "path before shared prefixes, and its path on CUDA and in bf16)")
@@ -217,14 +236,15 @@ def main(argv=None) -> int:
     if args.no_stop:
         params = replace(params, stop_token_ids=[])
     if engine._lean is not None:
-        engine._lean.shared_prefix = not args.no_shared_prefix
+        set_shared_prefix(engine, not args.no_shared_prefix)
+        set_few_row_kernel(engine, not args.no_few_row_kernel)
     elif args.alternate:
         ap.error(f"--alternate: {args.model} does not decode through the lean decoder")
     label_attention()
     engine.generate(flat, replace(params, max_new_tokens=2), seeds)  # warm-up (library set-up, kernel choices)
     if args.alternate:
         print(json.dumps({"device": args.device, "dtype": args.dtype, "no_stop": args.no_stop,
-                          **alternate(engine, flat, params, seeds, args.alternate, sync)}))
+                          **alternate(engine, flat, params, seeds, args.alternate, sync, args.alternate_what)}))
         return 0
     out, plain_s = timed(lambda: engine.generate(flat, params, seeds), sync)
     longest = max(len(c.token_ids) for c in out)
@@ -232,6 +252,7 @@ def main(argv=None) -> int:
         _, profiled_s = timed(lambda: engine.generate(flat, params, seeds), sync)
     result = {"device": args.device, "dtype": args.dtype, "random_init": args.random_init,
               "no_stop": args.no_stop, "shared_prefix": not args.no_shared_prefix,
+              "few_row_kernel": not args.no_few_row_kernel,
               "tokens": sum(len(c.token_ids) for c in out), "longest": longest,
               "plain_s": plain_s, "plain_s_per_step": plain_s / longest, "profiled_s": profiled_s,
               **self_time(prof, GROUPS, 12), **(device_time(prof, longest) if cuda else {})}

@@ -53,9 +53,9 @@ def build(source: Path = SOURCE, name: str = NAME):
         try:
             from torch.utils.cpp_extension import load
             return load(name, [str(source)], extra_cflags=FLAGS, verbose=False)
-        except Exception as exc:  # noqa: BLE001 - any build failure leaves oneDNN in use
+        except Exception as exc:  # noqa: BLE001 - any build failure leaves PyTorch's operations in use
             reason = f"building {source} failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}"
-    log.warning("few-row product kernel unavailable (%s); the lean decoder uses oneDNN for every product", reason)
+    log.warning("few-row kernel unavailable (%s); the lean decoder keeps PyTorch's operations", reason)
     return None
 
 
