@@ -5,7 +5,7 @@ EPYC (Zen 3) with 2 threads, a 256 x 768 product of 8 rows took 68-83 µs in one
 RMS norm of 8 x 256 values 36 µs, a decode step's attention over 38 slots 44-89 µs.  ``linear_rows`` multiplies
 a few rows by linear weights, with the RMS norm before a product or the MLP's ``silu(gate) * up`` done on the
 way in; ``attend_one`` is a decode step's attention.  The toy benchmark's generation (8 rows, 32 tokens, a 3.3M
-Llama) takes about a third less time with them (docs/performance.md).  From 16 rows on, oneDNN's blocked
+Llama) takes a quarter to a third less time with them (docs/performance.md).  From 16 rows on, oneDNN's blocked
 products win on SmolLM2-135M's shapes, so the decoder uses these for at most ``MAX_ROWS`` rows.
 
 The kernels read each weight in its ``nn.Linear`` layout (no copy), so nothing is rebuilt when the weights
@@ -61,7 +61,7 @@ def build(source: Path = SOURCE, name: str = NAME):
 
 @functools.cache
 def kernel():
-    """The built kernel module (``linear_rows(x, weights)``), or None where it cannot be built; built once per
+    """The built module (``linear_rows``, ``attend_one``), or None where it cannot be built; built once per
     process."""
     return build()
 
@@ -85,4 +85,4 @@ if __name__ == "__main__":
     mod = kernel()
     if mod is None:
         raise SystemExit(1)
-    print(f"few-row product kernel built: {mod.__file__}")
+    print(f"few-row kernel built: {mod.__file__}")
