@@ -23,6 +23,7 @@ import platform
 from pathlib import Path
 
 import torch
+from torch.utils.cpp_extension import load
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ def build(source: Path = SOURCE, name: str = NAME):
     reason = cpu_supported()
     if reason is None:
         try:
-            from torch.utils.cpp_extension import load
             return load(name, [str(source)], extra_cflags=FLAGS, verbose=False)
         except Exception as exc:  # noqa: BLE001 - any build failure leaves PyTorch's operations in use
             reason = f"building {source} failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}"
