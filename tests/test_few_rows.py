@@ -1,5 +1,5 @@
-"""The few-row product kernel (hpc_rlhf/engines/few_rows.cpp): the products it computes, where it is used, and what
-happens where it cannot be built."""
+"""The few-row kernels (hpc_rlhf/engines/few_rows.cpp): the products (with the norm or the gating on the way in)
+and the decode attention they compute, where the decoder uses them, and what happens where they cannot be built."""
 import logging
 
 import pytest
@@ -185,3 +185,26 @@ def test_decode_attention_edge_cases():
     assert torch.equal(got[2], torch.zeros(8))
     with pytest.raises(RuntimeError, match="valid must be boolean"):
         mod.attend_one(q, keys, values, valid.float(), 0.5)
+
+
+def test_work_large_enough_is_split_among_threads():
+    """At the toy model's sizes the kernel splits its outputs among 2 threads (tiny products run on one): the
+    same results as in float64, for the products (8 rows of 256 by 768 outputs, in chunks of 16) and for the
+    attention (8 rows x 4 heads over 300 slots)."""
+    mod = _kernel()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(9)
+        x, w = torch.randn(8, 256, generator=g), [torch.randn(700, 256, generator=g), torch.randn(68, 256, generator=g)]
+        want = (x.double() @ torch.cat(w).double().t()).float()
+        torch.testing.assert_close(mod.linear_rows(x, w), want, atol=2e-4, rtol=1e-5)
+        q = torch.randn(8, 4, 64, generator=g)
+        k, v = torch.randn(8, 4, 300, 64, generator=g), torch.randn(8, 4, 300, 64, generator=g)
+        valid = torch.rand(8, 300, generator=g) > 0.3
+        want = torch.nn.functional.scaled_dot_product_attention(q[:, :, None].double(), k.double(), v.double(),
+                                                                attn_mask=valid[:, None, None], scale=0.125)
+        torch.testing.assert_close(mod.attend_one(q, k, v, valid, 0.125), want.reshape(8, 4 * 64).float(),
+                                   atol=1e-5, rtol=1e-5)
+    finally:
+        torch.set_num_threads(threads)

@@ -5,9 +5,9 @@
 // that read the same x (query, key and value; gate and up) write their outputs side by side.  A block of 4 rows
 // of x and 2 weight rows keeps 8 running sums of 8 lanes in registers: per 8 values of k, 2 weight loads and 4
 // loads of x feed 8 fused multiply-adds.  The weight's rows are split among the intra-op threads in chunks of
-// 16 outputs.  What comes before a product (Llama's RMS norm, its MLP's silu(gate) * up) can run in the kernel too,
-// on x's few rows, in place of a chain of small tensor operations, and so can a decode step's attention
-// (attend_one).  Built on first use by hpc_rlhf/engines/few_rows.py.
+// 16 outputs, where there is enough work to pay for waking them (kMinTaskWork).  What comes before a product
+// (Llama's RMS norm, its MLP's silu(gate) * up) can run in the kernel too, on x's few rows, in place of a chain of
+// small tensor operations, and so can a decode step's attention (attend_one).  Built on first use by hpc_rlhf/engines/few_rows.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -74,6 +74,12 @@ void rows_against(const float* x, int64_t M, int64_t K, const float* w, int64_t 
 }
 
 constexpr int64_t kChunk = 16;  // outputs per task
+// Multiply-adds a thread's share must reach before the work is split: waking another thread costs microseconds
+// (more where ranks share the cores and OpenMP's threads sleep between regions), a few rows of a tiny model less.
+constexpr int64_t kMinTaskWork = 1 << 17;
+
+// at::parallel_for's grain (the fewest items a task takes) for items of `work` multiply-adds each.
+inline int64_t grain_for(int64_t work) { return std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(work, 1)); }
 
 }  // namespace
 
@@ -131,7 +137,7 @@ torch::Tensor linear_rows(const torch::Tensor& x_in, const std::vector<torch::Te
   torch::Tensor y = torch::empty({M, total}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, (total + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
+  at::parallel_for(0, (total + kChunk - 1) / kChunk, grain_for(M * K * kChunk), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t g0 = c * kChunk, g1 = std::min(total, g0 + kChunk);  // global output columns
       for (size_t i = 0; i < weights.size(); ++i) {
@@ -182,7 +188,7 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const t
   const float* vp = v.data_ptr<float>();
   const bool* okp = ok.data_ptr<bool>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, B * nq, 1, [&](int64_t i0, int64_t i1) {
+  at::parallel_for(0, B * nq, grain_for(2 * S * D), [&](int64_t i0, int64_t i1) {
     std::vector<float> weight(S);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / nq, h = i % nq, kh = h / group;
