@@ -31,3 +31,23 @@ def test_few_row_kernel_is_prebuilt():
     assert few_rows.SOURCE.is_file()
     assert (Path(_get_build_directory(few_rows.NAME, verbose=False)) / f"{few_rows.NAME}.so").is_file()
     assert few_rows.kernel() is not None
+
+
+def test_loading_the_few_row_kernel_again_does_not_rebuild_it():
+    # A new process of this environment finds the build as it is (ninja runs nothing: its log gains no line); the
+    # build's name carries this PyTorch's version and folder, so another environment sharing the cache builds
+    # its own instead of rebuilding this one in turn (each rebuild ~40 s).
+    import hashlib
+    import subprocess
+    import sys
+
+    import torch
+    from torch.utils.cpp_extension import _get_build_directory
+
+    from hpc_rlhf.engines import few_rows
+    folder = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:10]
+    assert few_rows.NAME.endswith(folder) and torch.__version__.split("+")[0].replace(".", "_") in few_rows.NAME
+    log = Path(_get_build_directory(few_rows.NAME, verbose=False)) / ".ninja_log"
+    before = log.read_text()
+    subprocess.run([sys.executable, "-m", "hpc_rlhf.engines.few_rows"], check=True, capture_output=True, timeout=300)
+    assert log.read_text() == before

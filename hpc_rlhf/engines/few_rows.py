@@ -18,6 +18,7 @@ decoder keeps PyTorch's operations.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import platform
 from pathlib import Path
@@ -28,9 +29,12 @@ from torch.utils.cpp_extension import load
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("few_rows.cpp")
-# PyTorch's cache knows a build by its name, sources and flags, not by the PyTorch it was built against: the name
-# carries the version, so that two environments (e.g. .venv and .venv-vllm) never load each other's build
-NAME = "hpc_rlhf_few_rows_torch" + "".join(c if c.isalnum() else "_" for c in torch.__version__)
+# PyTorch's cache keeps a build in a folder named after it, and ninja rebuilds it whenever the compiler's command
+# changes, which names the environment's include folders: two environments sharing the cache under one name
+# (.venv and .venv-vllm, or two checkouts) would rebuild it in turn, ~40 s each time, and load each other's build
+# of another PyTorch.  The name carries the PyTorch version and where that PyTorch is installed.
+NAME = ("hpc_rlhf_few_rows_torch" + "".join(c if c.isalnum() else "_" for c in torch.__version__) + "_"
+        + hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:10])
 MAX_ROWS = 8  # the most rows a product sends to the kernel (above: oneDNN)
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for splits the outputs among threads
 
