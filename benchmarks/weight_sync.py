@@ -6,8 +6,11 @@ a transformers engine of the same model.  Each transport runs ``--reps`` timed s
 through the same ``send_weights`` / ``receive_weights`` as `train rl` (64 MiB buckets):
 
 - ``broadcast``: every bucket packed, then broadcast over gloo (TCP on the loopback device);
-- ``shared``: every bucket packed into a shared-memory slot the rollout rank loads from
-  (``distributed/weight_sync.py: SharedSlots``); only the names and shapes go over gloo.
+- ``slots``: every bucket packed into a shared-memory slot the rollout rank loads from
+  (``distributed/weight_sync.py: SharedSlots``; what a vLLM engine gets); only the names and shapes go over gloo;
+- ``shared_weights``: the engine's parameters are views of a shared-memory file, which the leader writes with
+  every CPU of its process while the rollout rank waits (``SharedWeights``; what `train rl` does with the
+  transformers engine on one host): one copy.
 
 Beside them, in the same processes: ``pack_s``, the leader packing every bucket with nothing sent, and
 ``load_s``, the rollout rank loading a whole model's tensors into its engine: the two copies any transport
@@ -30,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+TRANSPORTS = ("broadcast", "slots", "shared_weights")
 REAL = Path(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")).expanduser()  # scripts/real_assets.sh
 
 
@@ -51,28 +55,28 @@ def _rank(rank: int, port: int, model: str, threads: int, reps: int, out) -> Non
     else:
         engine = HFEngine(model, dtype="fp32")
     result = {}
-    for transport in ("broadcast", "shared"):
-        channel = ws.Channel() if transport == "shared" else None
+    for transport in TRANSPORTS:
+        channel = {"broadcast": None, "slots": ws.Channel(share=False), "shared_weights": ws.Channel()}[transport]
         times = []
         for _ in range(reps + 1):
             bridge.barrier()
             t0 = time.perf_counter()
             if rank == 0:
                 ws.send_weights(bridge, ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES, channel), True,
-                                channel=channel, slot_bytes=slot_bytes)
+                                channel=channel, slot_bytes=slot_bytes, specs=[it.spec for it in items], dtype=dtype)
             else:
                 ws.receive_weights(bridge, engine, dtype, channel)
             bridge.barrier()  # the leader's send ends before the last load: time until both are done
             times.append(time.perf_counter() - t0)
         result[transport] = times[1:]
-        if transport == "shared":
-            result["shared_mapped"] = channel.slots is not None
+        if channel is not None:  # whether the transport asked for was the one used
+            result[f"{transport}_mapped"] = (channel.slots if transport == "slots" else channel.shared) is not None
     if rank == 0:
         buckets = list(ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES))  # warm: the allocator
         t0 = time.perf_counter()
         buckets = list(ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES))
         result["pack_s"] = time.perf_counter() - t0
-        result["bytes"] = sum(flat.numel() * flat.element_size() for _, flat in buckets)
+        result["bytes"] = sum(b.flat.numel() * b.flat.element_size() for b in buckets)
     else:
         named = [(n, p.detach().clone()) for n, p in engine.model.named_parameters()]
         engine.load_weights(named)
@@ -116,8 +120,9 @@ def main() -> None:
     out = {"benchmark": "weight_sync", "model": Path(args.model).name, "bytes": nbytes,
            "threads_per_rank": args.threads, "reps": args.reps,
            "copy_bytes_per_s": copy[2], "copy_bytes_per_s_1_thread": copy[1],
-           "pack_s": leader["pack_s"], "load_s": rollout["load_s"], "shared_mapped": leader["shared_mapped"]}
-    for transport in ("broadcast", "shared"):
+           "pack_s": leader["pack_s"], "load_s": rollout["load_s"], "slots_mapped": leader["slots_mapped"],
+           "shared_weights_mapped": leader["shared_weights_mapped"]}
+    for transport in TRANSPORTS:
         med = statistics.median(leader[transport])
         out[transport] = {"median_s": med, "best_s": min(leader[transport]), "bytes_per_s": nbytes / med,
                           "fraction_of_copy": machine_limits.sync_fraction(nbytes, med, copy[2])}

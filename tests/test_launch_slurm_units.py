@@ -159,9 +159,10 @@ def test_plan_command_prints_placement_memory_and_script(tmp_path):
     assert "weight-sync slots" not in out  # a GPU job's weights go by NCCL broadcast
 
 
-def test_plan_counts_the_weight_sync_slots_between_cpu_components(tmp_path):
-    """Actor and rollout on CPU ranks of their own: both sides hold the two shared-memory slots; every role on
-    one rank: no weights bridge, no slots."""
+def test_plan_counts_the_weight_sync_memory_between_cpu_components(tmp_path):
+    """Actor and rollout on CPU ranks of their own: to the transformers engine, the actor holds the shared weights
+    (the rollout's are its weights); to vLLM, both sides hold the two shared-memory slots; every role on one
+    rank: no weights bridge, neither."""
     from hpc_rlhf.config.rl import RLConfig
     from hpc_rlhf.distributed.weight_sync import BUCKET_BYTES
     from hpc_rlhf.launch.plan import role_memory
@@ -173,9 +174,16 @@ def test_plan_counts_the_weight_sync_slots_between_cpu_components(tmp_path):
     slots = 2 * max(min(BUCKET_BYTES, shape.params * 4), shape.vocab * shape.hidden * 4)
     split = load_config(RLConfig, None, args + ["async_train=true", "colocate_actor_reward=true"])
     parts = role_memory(split, plan_from_config(split))
+    assert parts["actor"]["weight-sync shared weights"] == shape.params * 4
+    assert "weight-sync slots" not in parts["actor"] and set(parts["rollout"]) == {"weights", "packed weights",
+                                                                                 "kv cache"}
+    vllm = load_config(RLConfig, None, args + ["async_train=true", "colocate_actor_reward=true", "engine=vllm"])
+    parts = role_memory(vllm, plan_from_config(vllm))
     assert parts["actor"]["weight-sync slots"] == parts["rollout"]["weight-sync slots"] == slots
+    assert "weight-sync shared weights" not in parts["actor"]
     together = load_config(RLConfig, None, args + ["colocate_all=true"])
-    assert "weight-sync slots" not in role_memory(together, plan_from_config(together))["rollout"]
+    assert not {"weight-sync slots", "weight-sync shared weights"} & {
+        k for v in role_memory(together, plan_from_config(together)).values() for k in v}
 
 
 @pytest.mark.parametrize("bad", ["slurm.stop_signals=TERM,KILL", "slurm.requeue_signals=USR2"])

@@ -164,6 +164,54 @@ def test_load_weights_and_checksum(model_dirs):
     assert eng.weight_version == 2
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_shared_weights_written_by_another_mapping_are_what_it_generates_with(model_dirs, tmp_path, lean):
+    """The engine takes views of a shared file as its parameters; a second mapping of the file (as the actor
+    leader's, in another process) writes new weights, which no tensor version of the engine sees: after
+    finish_weight_update it generates what an engine loaded with those weights does."""
+    from hpc_rlhf.distributed.weight_sync import ParamSpec, SharedWeights, shared_layout
+    eng = HFEngine(model_dirs[("llama", 0)], lean=lean)
+    other = HFEngine(model_dirs[("llama", 1)], lean=lean)
+    params = SamplingParams(temperature=0, max_new_tokens=10)
+    before, target = eng.generate(PROMPTS, params, [0] * 4), other.generate(PROMPTS, params, [0] * 4)
+    assert [c.token_ids for c in before] != [c.token_ids for c in target]
+    named = dict(eng.model.named_parameters())
+    layout, nbytes = shared_layout([ParamSpec(n, tuple(t.shape)) for n, t in named.items()], torch.float32)
+    assert all(offset % 64 == 0 for offset, _ in layout.values())
+    mine = SharedWeights(tmp_path / "w", layout, nbytes, torch.float32, create=True)
+    for name, view in mine.named():  # the engine's own weights first, as the first sync writes them
+        view.copy_(named[name])
+    assert eng.shareable(mine.named())
+    assert not eng.shareable([(n, t.to(torch.bfloat16)) for n, t in mine.named()])  # another dtype: it loads
+    assert not eng.shareable([("model.not_a_layer.weight", torch.zeros(1))])
+    eng.share_weights(mine.named())
+    assert [c.token_ids for c in eng.generate(PROMPTS, params, [0] * 4)] == [c.token_ids for c in before]
+    leader = SharedWeights(tmp_path / "w", layout, nbytes, torch.float32, create=False)
+    eng.begin_weight_update()
+    for name, t in other.model.named_parameters():
+        leader.view(name).copy_(t)
+    eng.finish_weight_update()
+    assert [c.token_ids for c in eng.generate(PROMPTS, params, [0] * 4)] == [c.token_ids for c in target]
+    assert eng.state_checksum() == pytest.approx(other.state_checksum(), rel=1e-12)
+    with pytest.raises(FileExistsError):  # the leader never takes over a file left behind
+        SharedWeights(tmp_path / "w", layout, nbytes, torch.float32, create=True)
+
+
+def test_an_engine_keeps_its_own_weights_unless_it_says_so():
+    class Plain(RolloutEngine):
+        def generate(self, prompts, params, seeds):
+            return []
+
+        def load_weights(self, named_tensors):
+            pass
+
+        def state_checksum(self):
+            return 0.0
+    assert not Plain().shareable([("w", torch.zeros(2))])
+    with pytest.raises(NotImplementedError, match="Plain keeps its own weights"):
+        Plain().share_weights([("w", torch.zeros(2))])
+
+
 def test_top_k_distribution(engine):
     """One step, top_k=2, temperature 1, 2000 seeds: frequencies match the renormalised probabilities."""
     prompt = PROMPTS[0]

@@ -1,17 +1,30 @@
-"""The actor -> rollout weight transfer over a gloo bridge: broadcast buckets, or shared-memory slots when every
-rank of the bridge is on one host.  Whatever the path, each rollout rank loads exactly the leader's tensors."""
+"""The actor -> rollout weight transfer over a gloo bridge: broadcast buckets, shared-memory slots when every
+rank of the bridge is on one host, or shared weights when every rollout engine can also take them as its own.
+Whatever the path, each rollout rank generates with exactly the leader's tensors."""
 import pytest
 import torch
 from _dist import run_ranks
 
-from hpc_rlhf.distributed.weight_sync import ParamSpec, SharedSlots, SyncItem, largest_bucket_bytes
+from hpc_rlhf.distributed.weight_sync import (ParamSpec, SharedSlots, SharedWeights, SyncItem, largest_bucket_bytes,
+                                            shared_layout)
 
 BUCKET = 16 << 10  # bytes: several buckets, and one parameter (30000 floats, 120 KB) larger than a bucket
 
 
 class _Engine:
-    def __init__(self):
+    """Holds what it loads; with ``share``, takes the shared weights as its own and reads them at each
+    finish_weight_update."""
+
+    def __init__(self, share: bool):
+        self.share = share
         self.loaded: dict[str, torch.Tensor] = {}
+        self.own: dict[str, torch.Tensor] = {}
+
+    def shareable(self, named):
+        return self.share
+
+    def share_weights(self, named):
+        self.own = dict(named)
 
     def begin_weight_update(self):
         pass
@@ -20,10 +33,10 @@ class _Engine:
         self.loaded.update((name, t.clone()) for name, t in named)  # the slot is rewritten after the load
 
     def finish_weight_update(self):
-        pass
+        self.loaded.update((name, t.clone()) for name, t in self.own.items())
 
 
-def _sync(use_channel: bool, other_host_rank: int | None, dtype: torch.dtype):
+def _sync(use_channel: bool, other_host_rank: int | None, dtype: torch.dtype, sharing: set[int]):
     import torch.distributed as dist
 
     from hpc_rlhf.distributed import weight_sync as ws
@@ -36,34 +49,40 @@ def _sync(use_channel: bool, other_host_rank: int | None, dtype: torch.dtype):
     torch.manual_seed(rank)  # each rank starts from other weights: only the leader's may arrive
     module = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Linear(30, 1000))
     items = ws.full_items(module)
-    engine, seen = _Engine(), []
+    engine, seen = _Engine(rank in sharing), []
+    threads = torch.get_num_threads()
     for step in range(3):
         with torch.no_grad():
             for p in module.parameters():
                 p.mul_(-1.5).add_(step)  # new weights every sync
         if rank == 0:
             sent = ws.send_weights(bridge, ws.actor_buckets(items, False, dtype, BUCKET, channel), True,
-                                   channel=channel, slot_bytes=ws.largest_bucket_bytes(items, dtype, BUCKET))
+                                   channel=channel, slot_bytes=ws.largest_bucket_bytes(items, dtype, BUCKET),
+                                   specs=[it.spec for it in items], dtype=dtype)
             seen.append(({n: p.detach().to(dtype, copy=True) for n, p in module.named_parameters()}, sent.buckets))
         else:
             count = ws.receive_weights(bridge, engine, dtype, channel)
             seen.append((dict(engine.loaded), count))
-    shared = channel.slots is not None if channel else None
+    assert torch.get_num_threads() == threads  # the leader's copy with every CPU gave its threads back
+    mode = None if channel is None else "shared" if channel.shared else "slots" if channel.slots else "broadcast"
     left = sorted(p.name for p in ws.SHM_DIR.glob("hpc_rlhf-weights-*"))
-    return seen, shared, left
+    return seen, mode, left
 
 
-@pytest.mark.parametrize("use_channel, other_host_rank, shared, dtype", [
-    (False, None, None, torch.float32),  # the broadcast
-    (True, None, True, torch.float32),  # one host: shared slots
-    (True, None, True, torch.bfloat16),  # the slots cast the fp32 actor's weights to the rollout dtype
-    (False, None, None, torch.bfloat16),
-    (True, 2, False, torch.float32),  # a rollout rank on another host: every rank keeps the broadcast
+@pytest.mark.parametrize("use_channel, other_host_rank, sharing, mode, dtype", [
+    (False, None, {1, 2}, None, torch.float32),  # no channel: the broadcast
+    (True, None, set(), "slots", torch.float32),  # one host, engines that keep their own weights: shared slots
+    (True, None, set(), "slots", torch.bfloat16),  # the slots cast the fp32 actor's weights to the rollout dtype
+    (True, None, {1, 2}, "shared", torch.float32),  # every engine takes the shared weights
+    (True, None, {1, 2}, "shared", torch.bfloat16),  # cast as they are written
+    (True, None, {1}, "slots", torch.float32),  # one engine that cannot: slots for all
+    (False, None, set(), None, torch.bfloat16),
+    (True, 2, {1, 2}, "broadcast", torch.float32),  # a rollout rank on another host: every rank keeps the broadcast
 ])
-def test_every_rollout_rank_loads_the_leaders_tensors(use_channel, other_host_rank, shared, dtype):
-    ranks = run_ranks(_sync, 3, use_channel, other_host_rank, dtype)
+def test_every_rollout_rank_loads_the_leaders_tensors(use_channel, other_host_rank, sharing, mode, dtype):
+    ranks = run_ranks(_sync, 3, use_channel, other_host_rank, dtype, sharing)
     leader = ranks[0][0]
-    assert all(r[1] is shared for r in ranks)
+    assert all(r[1] == mode for r in ranks)
     for seen, _, _ in ranks[1:]:
         for (want, buckets), (got, count) in zip(leader, seen):
             assert count == buckets > 2
@@ -92,3 +111,17 @@ def test_largest_bucket_bytes():
     assert largest_bucket_bytes([item(10), item(10), item(30), item(5)], torch.float32, 100) == 120
     assert largest_bucket_bytes([item(10), item(10), item(5)], torch.bfloat16, 100) == 50
     assert largest_bucket_bytes([], torch.float32, 100) == 0
+
+
+def test_shared_layout_by_hand(tmp_path):
+    specs = [ParamSpec("a", (3, 5)), ParamSpec("b", (17,)), ParamSpec("c", ())]
+    # fp32: a 60 B -> 64, b 68 B -> 128 from 64, c 4 B -> 64 from 192
+    assert shared_layout(specs, torch.float32) == ({"a": (0, (3, 5)), "b": (64, (17,)), "c": (192, ())}, 256)
+    # bf16: 30, 34 and 2 bytes, each on its own 64-byte boundary
+    assert shared_layout(specs, torch.bfloat16) == ({"a": (0, (3, 5)), "b": (64, (17,)), "c": (128, ())}, 192)
+    layout, nbytes = shared_layout(specs, torch.float32)
+    w = SharedWeights(tmp_path / "w", layout, nbytes, torch.float32, create=True)
+    assert w.buffer.numel() == 256 and [n for n, _ in w.named()] == ["a", "b", "c"]
+    assert w.view("b").shape == (17,) and w.view("b").data_ptr() - w.buffer.data_ptr() == 64
+    with pytest.raises(KeyError, match="'d' has no place in the shared weights"):
+        w.view("d")

@@ -266,6 +266,22 @@ class HFEngine(RolloutEngine):
                                      f"is {tuple(target.shape)}")
                 target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
 
+    def shareable(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> bool:
+        targets = self._named_targets()
+        return self.device.type == "cpu" and all(
+            name in targets and targets[name].shape == t.shape and targets[name].dtype == t.dtype
+            and t.device.type == "cpu" for name, t in named_tensors)
+
+    def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        targets = self._named_targets()
+        for name, t in named_tensors:
+            targets[name].data = t  # a tied alias takes the view of the name that comes last: both are written
+
+    def finish_weight_update(self) -> None:
+        if self._lean is not None:
+            self._lean.weights_changed()  # shared weights change in place, unseen by the tensors' versions
+        super().finish_weight_update()
+
     def state_checksum(self) -> float:
         return tensor_checksum(self.model.named_parameters())
 

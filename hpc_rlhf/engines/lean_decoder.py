@@ -265,6 +265,11 @@ class LeanDecoder:
         self.few = None  # the kernel's module while the weights and norms suit it (_pack)
         self._graph: _DecodeGraph | None = None
 
+    def weights_changed(self) -> None:
+        """Repack at the next generation: for weights written where no tensor's version sees it (shared memory
+        another process writes)."""
+        self._packed_key = None
+
     def _pack(self) -> None:
         """(Re)make the packed weights (their stacked copies left to the first product that needs them) if any
         weight of the module changed since they were made."""

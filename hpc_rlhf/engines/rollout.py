@@ -88,6 +88,16 @@ class RolloutEngine(abc.ABC):
         """All chunks are in: make them the weights the next ``generate`` uses; bump ``weight_version``."""
         self.weight_version += 1
 
+    def shareable(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> bool:
+        """Whether :meth:`share_weights` can take these tensors (shared memory another process writes) as the
+        parameters of the same names.  False for an engine that keeps its weights in a layout of its own."""
+        return False
+
+    def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take ``named_tensors`` as the parameters of the same names (:meth:`shareable` said it can): later
+        updates write them in place between ``begin_weight_update`` and ``finish_weight_update``."""
+        raise NotImplementedError(f"{type(self).__name__} keeps its own weights")
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.begin_weight_update()
         self.load_weights(named_tensors)

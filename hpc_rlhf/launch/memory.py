@@ -21,9 +21,13 @@ width, i the MLP width, V the vocabulary; b = 2 for bf16 values, 4 for fp32):
 - rollout: weights, the lean decoder's packed copy of the linear weights (transformers engine, llama-family
   models), and the key/value cache of the rank's sequences at full length (vLLM: the cache it preallocates,
   `vllm_cpu_kv_cache_gib` on a CPU rank).
-- weight-sync slots: the two shared-memory slots a CPU weights bridge keeps between syncs (the actor's and
-  the rollout ranks' components, when they differ), each the largest bucket: the bucket size, or the
-  largest parameter (the embedding, V h b) when that is larger.  Shared pages, counted in each rank's RSS.
+- weight-sync shared weights: on a CPU weights bridge (the actor's and the rollout ranks' components differ)
+  to transformers engines, the engines' weights live in shared memory that the actor leader maps and writes
+  at each sync: N b on the actor's ranks (the leader's; the other actor ranks do not map it), nothing more on
+  the rollout's, whose weights they are.  Shared pages, counted in the RSS of each rank that touches them.
+- weight-sync slots: to vLLM engines instead, the two shared-memory slots the bridge keeps between syncs
+  (both components), each the largest bucket: the bucket size, or the largest parameter (the embedding,
+  V h b) when that is larger.
 - runtime: 0.5 GiB per rank: the process with Python, torch and the libraries on a CPU rank (0.36-0.45 GiB
   measured here), about the CUDA context on a GPU.
 The parts in TRANSIENT live only during one phase (a colocated rank generates, then trains), so a rank's
@@ -124,6 +128,11 @@ def generating(shape: ModelShape, param_dtype: str, sequences: int, seq_len: int
     else:
         out["kv cache"] = 2 * shape.layers * shape.kv_heads * shape.head_dim * b * sequences * seq_len
     return out
+
+
+def shared_weights(shape: ModelShape, param_dtype: str) -> int:
+    """The shared weights of a CPU weight sync to transformers engines: the model (distributed/weight_sync.py)."""
+    return shape.params * _dtype_bytes(param_dtype)
 
 
 def weight_slots(shape: ModelShape, param_dtype: str, bucket_bytes: int) -> int:

@@ -63,12 +63,16 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
             actor, m.param_dtype, min(per_rank, r.max_batch_size), seq,
             packed=r.engine == "hf" and r.lean_decoder and actor.model_type in LEAN_SUPPORTED,
             preallocated_kv=r.vllm_cpu_kv_cache_gib * 2 ** 30 if r.engine == "vllm" and on_cpu else None)
-        # a weights bridge between CPU components keeps two shared-memory slots on both sides
+        # a weights bridge between CPU components: the transformers engines' weights live in shared memory that
+        # the actor leader maps and writes; vLLM's load from two shared-memory slots that both sides map
         actor_comp = next((c for c in comps if "actor" in c.placement.roles), None)
         if actor_comp is not None and "rollout" not in actor_comp.placement.roles \
                 and not any(c.resources.gpus_per_task for c in comps):
-            out["rollout"]["weight-sync slots"] = out["actor"]["weight-sync slots"] = \
-                memory.weight_slots(actor, m.param_dtype, BUCKET_BYTES)
+            if r.engine == "hf":
+                out["actor"]["weight-sync shared weights"] = memory.shared_weights(actor, m.param_dtype)
+            else:
+                out["rollout"]["weight-sync slots"] = out["actor"]["weight-sync slots"] = \
+                    memory.weight_slots(actor, m.param_dtype, BUCKET_BYTES)
     return out
 
 

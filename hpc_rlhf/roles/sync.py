@@ -12,7 +12,7 @@ import time
 import torch
 
 from ..distributed.weight_sync import (BUCKET_BYTES, Channel, actor_buckets, full_items, largest_bucket_bytes,
-                                      lora_items, receive_weights, send_weights, unpack)
+                                      lora_items, receive_weights, send_weights)
 from ..distributed.worlds import RoleContext
 from ..engines.rollout import combine_checksums, tensor_part_checksum
 
@@ -25,7 +25,7 @@ class WeightSync:
         self.dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
         self.base_sent = False
         self.sent_parts: dict[str, float] = {}  # checksum of every tensor sent so far (check_weight_sync)
-        self.channel = Channel()  # the shared-memory slots of the weights bridge, once mapped (CPU, one host)
+        self.channel = Channel()  # the shared weights or slots of the weights bridge, once mapped (CPU, one host)
 
     def run(self) -> dict[str, float]:
         """Actor -> rollout, on every rank of either.  Returns the phase's time and, with check_weight_sync,
@@ -50,15 +50,17 @@ class WeightSync:
         track = leader and self.check
 
         def tracked(buckets):
-            for specs, flat in buckets:
+            for b in buckets:
                 if track:
-                    self.sent_parts.update((n, tensor_part_checksum(t)) for n, t in unpack(specs, flat))
-                yield specs, flat
-        # the leader packs into the shared slots, when the rollout ranks have mapped them
-        buckets = actor_buckets(items, zero3, self.dtype, BUCKET_BYTES, self.channel if leader else None)
+                    self.sent_parts.update((n, tensor_part_checksum(t)) for n, t in b.named())
+                yield b
+        # the leader writes into the shared weights or slots, when the rollout ranks have mapped them
+        buckets = actor_buckets(items, zero3, self.dtype, BUCKET_BYTES, self.channel if leader else None,
+                                send=leader and self.ctx.weights is not None)
         sent = send_weights(self.ctx.weights, tracked(buckets), is_leader=leader,
                             local_engine=self.rollout.engine if self.rollout is not None else None,
-                            channel=self.channel, slot_bytes=largest_bucket_bytes(items, self.dtype, BUCKET_BYTES))
+                            channel=self.channel, slot_bytes=largest_bucket_bytes(items, self.dtype, BUCKET_BYTES),
+                            specs=[it.spec for it in items], dtype=self.dtype)
         self.base_sent = True
         out = {"time/weight_sync_wait_s": sent.wait_s} if self.ctx.weights is not None and leader else {}
         if track:  # over every tensor the engines hold: the ones sent now and the frozen ones sent before
