@@ -36,15 +36,13 @@ class _Engine:
         self.loaded.update((name, t.clone()) for name, t in self.own.items())
 
 
-def _sync(use_channel: bool, other_host_rank: int | None, dtype: torch.dtype, sharing: set[int]):
+def _sync(name: str, use_channel: bool, dtype: torch.dtype, sharing: set[int]):
     import torch.distributed as dist
 
     from hpc_rlhf.distributed import weight_sync as ws
     from hpc_rlhf.distributed.collectives import Bridge
     rank = dist.get_rank()
-    if rank == other_host_rank:
-        ws._host = lambda: "another-node"
-    bridge = Bridge("weights", [0, 1, 2], rank, dist.distributed_c10d._get_default_store(), 60)
+    bridge = Bridge(name, [0, 1, 2], rank, dist.distributed_c10d._get_default_store(), 60)
     channel = ws.Channel() if use_channel else None
     torch.manual_seed(rank)  # each rank starts from other weights: only the leader's may arrive
     module = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Linear(30, 1000))
@@ -69,20 +67,42 @@ def _sync(use_channel: bool, other_host_rank: int | None, dtype: torch.dtype, sh
     return seen, mode, left
 
 
-@pytest.mark.parametrize("use_channel, other_host_rank, sharing, mode, dtype", [
-    (False, None, {1, 2}, None, torch.float32),  # no channel: the broadcast
-    (True, None, set(), "slots", torch.float32),  # one host, engines that keep their own weights: shared slots
-    (True, None, set(), "slots", torch.bfloat16),  # the slots cast the fp32 actor's weights to the rollout dtype
-    (True, None, {1, 2}, "shared", torch.float32),  # every engine takes the shared weights
-    (True, None, {1, 2}, "shared", torch.bfloat16),  # cast as they are written
-    (True, None, {1}, "slots", torch.float32),  # one engine that cannot: slots for all
-    (False, None, set(), None, torch.bfloat16),
-    (True, 2, {1, 2}, "broadcast", torch.float32),  # a rollout rank on another host: every rank keeps the broadcast
-])
-def test_every_rollout_rank_loads_the_leaders_tensors(use_channel, other_host_rank, sharing, mode, dtype):
-    ranks = run_ranks(_sync, 3, use_channel, other_host_rank, dtype, sharing)
+# name: (a channel, the rank on another host, the ranks whose engines can take shared weights, dtype, the mode)
+CASES = {
+    "no channel: the broadcast": (False, None, {1, 2}, torch.float32, None),
+    "one host, engines that keep their own weights: shared slots": (True, None, set(), torch.float32, "slots"),
+    "the slots cast the fp32 actor's weights to bf16": (True, None, set(), torch.bfloat16, "slots"),
+    "every engine takes the shared weights": (True, None, {1, 2}, torch.float32, "shared"),
+    "the shared weights cast as they are written": (True, None, {1, 2}, torch.bfloat16, "shared"),
+    "one engine that cannot take them: slots for all": (True, None, {1}, torch.float32, "slots"),
+    "bf16 broadcast": (False, None, set(), torch.bfloat16, None),
+    "a rollout rank on another host: every rank keeps the broadcast": (True, 2, {1, 2}, torch.float32, "broadcast"),
+}
+
+
+def _every_case():
+    """Every case on the same three ranks, one after the other (one spawn instead of one per case)."""
+    import torch.distributed as dist
+
+    from hpc_rlhf.distributed import weight_sync as ws
+    host = ws._host
+    out = {}
+    for k, (name, (use_channel, other_host_rank, sharing, dtype, _)) in enumerate(CASES.items()):
+        ws._host = (lambda: "another-node") if dist.get_rank() == other_host_rank else host
+        out[name] = _sync(f"weights{k}", use_channel, dtype, sharing)  # a bridge of its own name each
+    return out
+
+
+@pytest.fixture(scope="module")
+def synced():
+    return run_ranks(_every_case, 3)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_rollout_rank_loads_the_leaders_tensors(synced, case):
+    ranks = [r[case] for r in synced]
     leader = ranks[0][0]
-    assert all(r[1] == mode for r in ranks)
+    assert all(r[1] == CASES[case][-1] for r in ranks)
     for seen, _, _ in ranks[1:]:
         for (want, buckets), (got, count) in zip(leader, seen):
             assert count == buckets > 2
