@@ -266,24 +266,41 @@ def _host() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def _offer_slots(bridge: Bridge, channel: Channel, slot_bytes: int) -> None:
-    """Leader, collective with ``_accept_slots``: new slots when none are mapped or they are too small."""
-    offer = None
-    new = None
-    if channel.offer and (channel.slots is None or channel.slots.slot_bytes < slot_bytes):
-        path = SHM_DIR / f"hpc_rlhf-weights-{os.getpid()}-{uuid.uuid4().hex}"
-        try:
-            new = SharedSlots(path, slot_bytes, create=True)
-            offer = (_host(), str(path), new.slot_bytes)
-        except (OSError, RuntimeError) as e:  # no room under /dev/shm: keep the broadcast
-            path.unlink(missing_ok=True)
-            channel.offer = False
-            log.info("weight sync: gloo broadcast (no shared slots of %d bytes under %s: %s)", slot_bytes, SHM_DIR, e)
+def _create(make: Callable[[Path], object], what: str):
+    """Leader: ``(make(path), path)`` for a new file under /dev/shm, or None (logged) when there is no room for it."""
+    path = SHM_DIR / f"hpc_rlhf-weights-{os.getpid()}-{uuid.uuid4().hex}"
+    try:
+        return make(path), path
+    except (OSError, RuntimeError) as e:
+        path.unlink(missing_ok=True)
+        log.info("weight sync: no %s under %s: %s", what, SHM_DIR, e)
+        return None
+
+
+def _announce(bridge: Bridge, offer: tuple | None) -> list[bool] | None:
+    """Leader: broadcast ``offer`` (host, path, ...; None: nothing offered), gather whether each member of the
+    bridge took it, and remove the file's name, which every member has answered."""
     bridge.broadcast_object(offer, 0)
     if offer is None:
-        return
-    mapped = bridge.all_gather_object(True)
+        return None
+    taken = bridge.all_gather_object(True)
     Path(offer[1]).unlink(missing_ok=True)
+    return taken
+
+
+def _offer_slots(bridge: Bridge, channel: Channel, slot_bytes: int) -> None:
+    """Leader, collective with ``_accept_slots``: new slots when none are mapped or they are too small."""
+    offer = new = None
+    if channel.offer and (channel.slots is None or channel.slots.slot_bytes < slot_bytes):
+        made = _create(lambda path: SharedSlots(path, slot_bytes, create=True),
+                       f"shared slots of {slot_bytes} bytes (gloo broadcast)")
+        channel.offer = made is not None
+        if made is not None:
+            new, path = made
+            offer = (_host(), str(path), new.slot_bytes)
+    mapped = _announce(bridge, offer)
+    if mapped is None:
+        return
     channel.slots, channel.offer = (new, True) if all(mapped) else (None, False)
     if channel.slots is not None:
         log.info("weight sync: through two shared-memory slots of %.1f MiB under %s", new.slot_bytes / 2 ** 20,
@@ -299,19 +316,15 @@ def _offer_shared(bridge: Bridge, channel: Channel, specs: list[ParamSpec] | Non
     offer = new = None
     if specs is not None and channel.offer and channel.share and channel.shared is None:
         layout, nbytes = shared_layout(specs, dtype)
-        path = SHM_DIR / f"hpc_rlhf-weights-{os.getpid()}-{uuid.uuid4().hex}"
-        try:
-            new = SharedWeights(path, layout, nbytes, dtype, create=True)
+        made = _create(lambda path: SharedWeights(path, layout, nbytes, dtype, create=True),
+                       f"shared weights of {nbytes} bytes (slots or the broadcast)")
+        channel.share = made is not None
+        if made is not None:
+            new, path = made
             offer = (_host(), str(path), layout, nbytes, dtype)
-        except (OSError, RuntimeError) as e:  # no room under /dev/shm: slots or the broadcast
-            path.unlink(missing_ok=True)
-            channel.share = False
-            log.info("weight sync: no shared weights of %d bytes under %s: %s", nbytes, SHM_DIR, e)
-    bridge.broadcast_object(offer, 0)
-    if offer is None:
+    taken = _announce(bridge, offer)
+    if taken is None:
         return
-    taken = bridge.all_gather_object(True)
-    Path(offer[1]).unlink(missing_ok=True)
     if all(taken):
         channel.shared = new
         log.info("weight sync: the rollout engines' weights live in %.1f MiB of shared memory under %s",
