@@ -171,6 +171,59 @@ def test_decode_attention_matches_sdpa(nq, nkv, D):
     torch.testing.assert_close(got, want.transpose(1, 2).reshape(B, nq * D).float(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("nq,nkv,D", [(9, 3, 64), (6, 2, 12), (4, 4, 16)])  # SmolLM2's heads; D % 8 left over
+def test_decode_attention_over_a_shared_prefix(nq, nkv, D):
+    """With a shared prefix, row b reads prefix ``prefix_row[b]``'s slots (its padding left out) and then its own,
+    under one softmax: the same as attention over the prefix and the row's slots concatenated, in float64.  Rows
+    map to prefixes in any order, a prefix may have no row, a row's own slots may all be masked but one, and a
+    prefix may be all padding for a row whose own slots are valid; more slots than a block of 8, and fewer."""
+    mod = _kernel()
+    g = torch.Generator().manual_seed(nq * 7 + D)
+    B, U, P = 6, 4, 13
+    rows = torch.tensor([2, 0, 0, 3, 2, 3])  # prefix 1 has no row
+    for S in (3, 21):
+        q = torch.randn(B, nq, D, generator=g)
+        keys, values = torch.randn(B, nkv, S + 4, D, generator=g)[:, :, :S], torch.randn(B, nkv, S, D, generator=g)
+        pk, pv = torch.randn(U, nkv, P, D, generator=g), torch.randn(U, nkv, P, D, generator=g)
+        pvalid = torch.rand(U, P, generator=g) > 0.3
+        pvalid[3] = False  # rows 3 and 5 read a prefix of padding only
+        valid = torch.rand(B, S, generator=g) > 0.3
+        valid[:, -1] = True
+        valid[1, :-1] = False
+        got = mod.attend_one(q, keys, values, valid, D ** -0.5, pk, pv, pvalid, rows)
+        allk = torch.cat([pk[rows], keys], dim=2).double()
+        allv = torch.cat([pv[rows], values], dim=2).double()
+        allowed = torch.cat([pvalid[rows], valid], dim=1)
+        want = torch.nn.functional.scaled_dot_product_attention(q[:, :, None].double(), allk, allv,
+                                                                attn_mask=allowed[:, None, None], enable_gqa=True)
+        assert got.shape == (B, nq * D)
+        torch.testing.assert_close(got, want.reshape(B, nq * D).float(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="prefix_row"):
+        mod.attend_one(q, keys, values, valid, 0.5, pk, pv, pvalid, torch.tensor([0, 1, 2, 3, 4, 0]))
+    with pytest.raises(RuntimeError, match="together"):
+        mod.attend_one(q, keys, values, valid, 0.5, pk, pv)
+    with pytest.raises(RuntimeError, match="prefix's keys and values"):
+        mod.attend_one(q, keys, values, valid, 0.5, pk[:, :1], pv[:, :1], pvalid, rows)
+
+
+def test_the_kernels_exp_matches_float64_softmax_over_a_wide_range():
+    """The kernel's exponential (``exp_nonpositive``) through its softmax: scores spread over 0 to -100 (weights
+    down to below the smallest float, which count as 0) give the softmax of float64 to float32's rounding."""
+    mod = _kernel()
+    g = torch.Generator().manual_seed(3)
+    S = 203
+    q = torch.ones(2, 1, 8)
+    keys = torch.zeros(2, 1, S, 8)
+    keys[..., 0] = -torch.rand(2, 1, S, generator=g) * 100  # score = key[0] * scale with q = 1, scale 1
+    keys[0, 0, 0, 0] = 0.0
+    values = torch.randn(2, 1, S, 8, generator=g)
+    valid = torch.ones(2, S, dtype=torch.bool)
+    got = mod.attend_one(q, keys, values, valid, 1.0)
+    weights = torch.softmax(keys[..., 0].double(), dim=-1)  # [2, 1, S]
+    want = (weights[..., None] * values.double()).sum(2).reshape(2, 8)
+    torch.testing.assert_close(got, want.float(), atol=1e-6, rtol=1e-6)
+
+
 def test_decode_attention_edge_cases():
     """One valid slot: its value exactly; equal scores: the mean of the values; no valid slot: zeros (the
     decoder never asks for one: the slot it just wrote is valid)."""

@@ -153,6 +153,34 @@ torch::Tensor linear_rows(const torch::Tensor& x_in, const std::vector<torch::Te
 
 namespace {
 
+// Dot products of one query with 8 keys (key i at k + i * ks), D values each: the 8 scores in one vector.  Each key
+// keeps a running sum of 8 lanes; the 8 sums are then folded lane-wise into one vector (two rounds of pairwise
+// additions and one of halves).  D % 8 values left over are added one by one.
+inline __m256 dots8(const float* q, const float* k, int64_t ks, int64_t D) {
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(k + i * ks + d), qv, acc[i]);
+  }
+  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // halves: keys 0-3 | keys 4-7
+  __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  if (d < D) {
+    alignas(32) float tail[8];
+    for (int i = 0; i < 8; ++i) {
+      float t = 0.f;
+      for (int64_t r = d; r < D; ++r) t += q[r] * k[i * ks + r];
+      tail[i] = t;
+    }
+    s = _mm256_add_ps(s, _mm256_load_ps(tail));
+  }
+  return s;
+}
+
 inline float dot(const float* a, const float* b, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
@@ -162,56 +190,198 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// exp(x) for x <= 0, 8 at a time, to about a unit in the last place: x = n ln 2 + r with |r| <= ln(2) / 2,
+// exp(r) by Cephes' degree-7 polynomial (its expf coefficients), times 2^n built in the exponent's bits.  Below
+// ln(FLT_MIN) (-inf included: the masked slots) the result is 0.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-87.3365447504f);  // ln(FLT_MIN)
+  const __m256 below = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lowest);
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts, the first exact in float
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_blendv_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), _mm256_setzero_ps(), below);
+}
+
+// A run of cache slots one row reads for one key/value head: n slots, slot s's key at k + s * ks, its value at
+// v + s * vs, attended where ok[s].
+struct Slots {
+  const float* k;
+  const float* v;
+  int64_t ks, vs, n;
+  const bool* ok;
+};
+
+// Columns [d, d + 8W) of one head's output: sum over the runs' slots of weight p[s] times value row s, times
+// `scale`, the 8W sums kept in registers.  Slots of weight 0 (masked) are skipped.
+template <int W>
+inline void weigh_values(const float* p, const Slots* runs, int nruns, int64_t d, float scale, float* o) {
+  __m256 acc[W];
+  for (int c = 0; c < W; ++c) acc[c] = _mm256_setzero_ps();
+  int64_t at = 0;
+  for (int r = 0; r < nruns; ++r) {
+    const Slots& run = runs[r];
+    for (int64_t s = 0; s < run.n; ++s) {
+      if (p[at + s] == 0.f) continue;
+      const __m256 w = _mm256_set1_ps(p[at + s]);
+      const float* vrow = run.v + s * run.vs + d;
+#pragma GCC unroll 8
+      for (int c = 0; c < W; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vrow + 8 * c), acc[c]);
+    }
+    at += run.n;
+  }
+  const __m256 f = _mm256_set1_ps(scale);
+  for (int c = 0; c < W; ++c) _mm256_storeu_ps(o + d + 8 * c, _mm256_mul_ps(acc[c], f));
+}
+
+// The g query heads q + j * qs (j < g) of one row over its runs of slots, one softmax over all of them: outputs at
+// o + j * D.  `score` is scratch for g * (sum of n, rounded up to 8) values.
+void attend_heads(const float* q, int64_t qs, int64_t g, int64_t D, const Slots* runs, int nruns, float scale,
+                  std::vector<float>& score, float* o) {
+  int64_t L = 0;
+  for (int r = 0; r < nruns; ++r) L += runs[r].n;
+  const int64_t padded = (L + 7) / 8 * 8;
+  score.resize(g * padded);
+  for (int64_t j = 0; j < g; ++j) {
+    float* sc = score.data() + j * padded;
+    const float* qj = q + j * qs;
+    int64_t at = 0;
+    for (int r = 0; r < nruns; ++r) {
+      const Slots& run = runs[r];
+      int64_t s = 0;
+      for (; s + 8 <= run.n; s += 8) _mm256_storeu_ps(sc + at + s, dots8(qj, run.k + s * run.ks, run.ks, D));
+      for (; s < run.n; ++s) sc[at + s] = dot(qj, run.k + s * run.ks, D);
+      for (s = 0; s < run.n; ++s) sc[at + s] = run.ok[s] ? sc[at + s] * scale : -INFINITY;
+      at += run.n;
+    }
+    for (int64_t s = L; s < padded; ++s) sc[s] = -INFINITY;
+    __m256 top8 = _mm256_set1_ps(-INFINITY);
+    for (int64_t s = 0; s < padded; s += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(sc + s));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, top8);
+    const float top = *std::max_element(lanes, lanes + 8);
+    float* oj = o + j * D;
+    std::fill(oj, oj + D, 0.f);
+    if (top == -INFINITY) continue;  // no slot to attend: zeros
+    __m256 total8 = _mm256_setzero_ps();
+    const __m256 shift = _mm256_set1_ps(top);
+    for (int64_t s = 0; s < padded; s += 8) {
+      const __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sc + s), shift));
+      _mm256_storeu_ps(sc + s, p);
+      total8 = _mm256_add_ps(total8, p);
+    }
+    const float inv = 1.f / lane_sum(total8);
+    int64_t d = 0;
+    for (; d + 64 <= D; d += 64) weigh_values<8>(sc, runs, nruns, d, inv, oj);
+    switch ((D - d) / 8) {
+      case 7: weigh_values<7>(sc, runs, nruns, d, inv, oj); break;
+      case 6: weigh_values<6>(sc, runs, nruns, d, inv, oj); break;
+      case 5: weigh_values<5>(sc, runs, nruns, d, inv, oj); break;
+      case 4: weigh_values<4>(sc, runs, nruns, d, inv, oj); break;
+      case 3: weigh_values<3>(sc, runs, nruns, d, inv, oj); break;
+      case 2: weigh_values<2>(sc, runs, nruns, d, inv, oj); break;
+      case 1: weigh_values<1>(sc, runs, nruns, d, inv, oj); break;
+      default: break;
+    }
+    d += (D - d) / 8 * 8;
+    if (d < D) {  // D % 8 values left over
+      at = 0;
+      for (int r = 0; r < nruns; ++r) {
+        for (int64_t s = 0; s < runs[r].n; ++s)
+          for (int64_t t = d; t < D; ++t) oj[t] += sc[at + s] * runs[r].v[s * runs[r].vs + t];
+        at += runs[r].n;
+      }
+      for (int64_t t = d; t < D; ++t) oj[t] *= inv;
+    }
+  }
+}
+
+void check_cache(const torch::Tensor& k, const torch::Tensor& v, int64_t nkv, int64_t D, const char* what) {
+  TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.size(1) == nkv && k.size(3) == D,
+              "attend_one: ", what, " keys and values must be [rows, ", nkv, ", slots, ", D, "]");
+  for (const auto* t : {&k, &v})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->device().is_cpu() && t->stride(-1) == 1,
+                "attend_one: ", what, " keys and values must be float32 CPU tensors with a contiguous last "
+                "dimension");
+}
+
 }  // namespace
 
 // One decode step's attention: query q [B, nq, D] of each row over its keys and values k, v [B, nkv, S, D] (the
 // last dimension contiguous, any strides before it), the slots where valid [B, S] is false left out; query head h
 // reads key/value head h / (nq / nkv).  softmax(scale * q . k) . v per row and head: [B, nq * D], heads side by
 // side (the output projection's input).  A row with no valid slot gets zeros.
+// With a shared prefix (prefix_keys, prefix_values [U, nkv, P, D], prefix_valid [U, P], prefix_row [B] long), row
+// b first reads prefix prefix_row[b]'s slots, then its own, under one softmax.  One task is a row and key/value
+// head: its nq / nkv query heads read the same keys and values.
 torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                         const torch::Tensor& valid, double scale) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4 && valid.dim() == 2, "attend_one: q [B, nq, D], "
-              "k and v [B, nkv, S, D], valid [B, S]");
-  const int64_t B = q.size(0), nq = q.size(1), D = q.size(2), nkv = k.size(1), S = k.size(2);
-  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && nkv > 0 && nq % nkv == 0 &&
-                  valid.size(0) == B && valid.size(1) == S,
+                         const torch::Tensor& valid, double scale, const std::optional<torch::Tensor>& prefix_keys,
+                         const std::optional<torch::Tensor>& prefix_values,
+                         const std::optional<torch::Tensor>& prefix_valid,
+                         const std::optional<torch::Tensor>& prefix_row) {
+  TORCH_CHECK(q.dim() == 3 && valid.dim() == 2, "attend_one: q [B, nq, D], k and v [B, nkv, S, D], valid [B, S]");
+  const int64_t B = q.size(0), nq = q.size(1), D = q.size(2), nkv = k.dim() == 4 ? k.size(1) : 0,
+                S = k.dim() == 4 ? k.size(2) : 0;
+  TORCH_CHECK(k.dim() == 4 && k.size(0) == B && nkv > 0 && nq % nkv == 0 && valid.size(0) == B &&
+                  valid.size(1) == S,
               "attend_one: shapes do not match");
-  for (const auto* t : {&q, &k, &v})
-    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->device().is_cpu() && t->stride(-1) == 1,
-                "attend_one: q, k and v must be float32 CPU tensors with a contiguous last dimension");
+  check_cache(k, v, nkv, D, "the rows'");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.device().is_cpu() && q.stride(-1) == 1,
+              "attend_one: q must be a float32 CPU tensor with a contiguous last dimension");
   TORCH_CHECK(valid.scalar_type() == torch::kBool, "attend_one: valid must be boolean");
+  const bool shared = prefix_keys.has_value();
+  TORCH_CHECK(shared == prefix_values.has_value() && shared == prefix_valid.has_value() &&
+                  shared == prefix_row.has_value(),
+              "attend_one: a prefix takes its keys, values, valid and row together");
+  torch::Tensor pvalid, prow;
+  int64_t U = 0, P = 0;
+  if (shared) {
+    check_cache(*prefix_keys, *prefix_values, nkv, D, "the prefix's");
+    U = prefix_keys->size(0), P = prefix_keys->size(2);
+    pvalid = prefix_valid->contiguous();
+    prow = prefix_row->contiguous();
+    TORCH_CHECK(pvalid.scalar_type() == torch::kBool && pvalid.dim() == 2 && pvalid.size(0) == U &&
+                    pvalid.size(1) == P,
+                "attend_one: prefix_valid must be boolean [", U, ", ", P, "]");
+    TORCH_CHECK(prow.scalar_type() == torch::kLong && prow.dim() == 1 && prow.size(0) == B,
+                "attend_one: prefix_row must be long [", B, "]");
+    const int64_t* rp = prow.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK(rp[b] >= 0 && rp[b] < U, "attend_one: prefix_row[", b, "] = ", rp[b], " is not a prefix (", U, ")");
+  }
   const torch::Tensor ok = valid.contiguous();
   torch::Tensor out = torch::empty({B, nq * D}, q.options());
   const int64_t group = nq / nkv;
   const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
   const bool* okp = ok.data_ptr<bool>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, B * nq, grain_for(2 * S * D), [&](int64_t i0, int64_t i1) {
-    std::vector<float> weight(S);
+  at::parallel_for(0, B * nkv, grain_for(4 * group * (S + P) * D), [&](int64_t i0, int64_t i1) {
+    std::vector<float> score;
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / nq, h = i % nq, kh = h / group;
-      const float* qrow = qp + b * q.stride(0) + h * q.stride(1);
-      const float* kbase = kp + b * k.stride(0) + kh * k.stride(1);
-      const float* vbase = vp + b * v.stride(0) + kh * v.stride(1);
-      float top = -INFINITY;
-      for (int64_t s = 0; s < S; ++s) {
-        weight[s] = okp[b * S + s] ? static_cast<float>(scale) * dot(qrow, kbase + s * k.stride(2), D) : -INFINITY;
-        top = std::max(top, weight[s]);
+      const int64_t b = i / nkv, kh = i % nkv;
+      Slots runs[2];
+      int nruns = 0;
+      if (shared) {
+        const int64_t u = prow.data_ptr<int64_t>()[b];
+        const torch::Tensor& pk = *prefix_keys;
+        const torch::Tensor& pv = *prefix_values;
+        runs[nruns++] = {pk.data_ptr<float>() + u * pk.stride(0) + kh * pk.stride(1),
+                         pv.data_ptr<float>() + u * pv.stride(0) + kh * pv.stride(1), pk.stride(2), pv.stride(2), P,
+                         pvalid.data_ptr<bool>() + u * P};
       }
-      float* o = op + b * nq * D + h * D;
-      std::fill(o, o + D, 0.f);
-      if (top == -INFINITY) continue;
-      float total = 0.f;
-      for (int64_t s = 0; s < S; ++s) {
-        if (weight[s] == -INFINITY) continue;
-        const float p = std::exp(weight[s] - top);
-        total += p;
-        const float* vrow = vbase + s * v.stride(2);
-        for (int64_t d = 0; d < D; ++d) o[d] += p * vrow[d];
-      }
-      for (int64_t d = 0; d < D; ++d) o[d] /= total;
+      runs[nruns++] = {k.data_ptr<float>() + b * k.stride(0) + kh * k.stride(1),
+                       v.data_ptr<float>() + b * v.stride(0) + kh * v.stride(1), k.stride(2), v.stride(2), S,
+                       okp + b * S};
+      attend_heads(qp + b * q.stride(0) + kh * group * q.stride(1), q.stride(1), group, D, runs, nruns,
+                   static_cast<float>(scale), score, op + b * nq * D + kh * group * D);
     }
   });
   return out;
@@ -219,7 +389,10 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const t
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_one", &attend_one, "one decode step's attention: q [B, nq, D] over k, v [B, nkv, S, D] where "
-        "valid [B, S]: [B, nq * D]");
+        "valid [B, S], after a shared prefix's slots where one is given: [B, nq * D]", py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("valid"), py::arg("scale"), py::arg("prefix_keys") = py::none(),
+        py::arg("prefix_values") = py::none(), py::arg("prefix_valid") = py::none(),
+        py::arg("prefix_row") = py::none());
   m.def("linear_rows", &linear_rows, "x [M, K] (RMS-normalised first with a norm weight; silu(gate) * up if gated) times weights [N_i, K] "
         "transposed, side by side", py::arg("x"), py::arg("weights"), py::arg("norm_weight") = py::none(),
         py::arg("eps") = 0.0, py::arg("gated") = false);

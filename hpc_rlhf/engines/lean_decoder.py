@@ -178,12 +178,13 @@ def split_attention(q: torch.Tensor, prefix: "SharedPrefix", layer: int, k: torc
 
 class SharedPrefix:
     """The cache positions that several rows share: ``keys``/``values`` [U, nkv, P, D] per layer, ``mask``
-    [U, 1, 1, P] (0 on a valid position, -inf on padding), and ``rows`` (row b reads prefix ``rows[b]``).  A
+    [U, 1, 1, P] (0 on a valid position, -inf on padding; ``valid``, [U, P], True there), and ``rows`` (row b reads
+    prefix ``rows[b]``; ``row``, the same as a tensor).  A
     prefix's rows take ``width`` consecutive query slots in ``split_attention``: ``slot`` [B] says which (None
     where row b is slot b already)."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], valid: torch.Tensor, rows: list[int]):
-        self.keys, self.values = keys, values
+        self.keys, self.values, self.valid = keys, values, valid
         self.mask = _additive(valid, keys[0].dtype)[:, None, None]
         self.set_rows(rows)
 
@@ -210,8 +211,9 @@ class SharedPrefix:
             rows = [new[r] for r in rows]
             self.keys = [t.index_select(0, keep) for t in self.keys]
             self.values = [t.index_select(0, keep) for t in self.values]
-            self.mask = self.mask.index_select(0, keep)
+            self.mask, self.valid = self.mask.index_select(0, keep), self.valid.index_select(0, keep)
         self.rows, self.count = rows, len(used)
+        self.row = torch.tensor(rows, device=self.mask.device)  # the rows' prefixes as a tensor (the kernel's)
         seen = [0] * self.count
         slots = []
         for r in rows:
@@ -420,16 +422,19 @@ class LeanDecoder:
         cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, T, 1, D]
         h = self.body.embed_tokens(ids)
         split = (nq + nkv) * D  # queries and keys | values
-        # a decode step of a few rows without a shared prefix: the few-row kernel's attention too
-        few_step = self.few is not None and T == 1 and B <= few_rows.MAX_ROWS and self.prefix is None
+        # a decode step: the kernel's attention, over the shared prefix too
+        few_step = self.few is not None and T == 1
         for i, layer in enumerate(self.body.layers):
             qkv_w, o_w, gate_up_w, down_w = self.layers[i]
             qkv = _matmul(h, qkv_w, self.few, layer.input_layernorm).contiguous()  # attention's kernel: whole rows
             qk = qkv[..., :split].view(B, T, nq + nkv, D)
             qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
             keys, values = store(i, qk[:, :, nq:].transpose(1, 2), qkv[..., split:].view(B, T, nkv, D).transpose(1, 2))
-            if few_step:  # mask [B, 1, 1, S]: the slots each row sees
-                o = self.few.attend_one(qk[:, 0, :nq], keys, values, mask[:, 0, 0], self.scale).view(B, T, -1)
+            if few_step:
+                shared = () if self.prefix is None else (self.prefix.keys[i], self.prefix.values[i], self.prefix.valid,
+                                                         self.prefix.row)
+                o = self.few.attend_one(qk[:, 0, :nq], keys, values, self.key_valid[:, :keys.shape[2]], self.scale,
+                                        *shared).view(B, T, -1)
             else:
                 q = qk[:, :, :nq].transpose(1, 2)
                 o = (grouped_attention(q, keys, values, mask, self.scale) if self.prefix is None
