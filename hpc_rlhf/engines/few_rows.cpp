@@ -7,7 +7,10 @@
 // loads of x feed 8 fused multiply-adds.  The weight's rows are split among the intra-op threads in chunks of
 // 16 outputs, where there is enough work to pay for waking them (kMinTaskWork).  What comes before a product
 // (Llama's RMS norm, its MLP's silu(gate) * up) can run in the kernel too, on x's few rows, in place of a chain of
-// small tensor operations, and so can a decode step's attention (attend_one).  Built on first use by hpc_rlhf/engines/few_rows.py.
+// small tensor operations.  A decode step's attention (attend_one), at any row count and over a shared prompt
+// prefix too, takes a row's key/value head with all the query heads that read it in one task, so that its keys
+// and values come from memory once (the other heads find them in cache).  Built on first use by
+// hpc_rlhf/engines/few_rows.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>

@@ -14,6 +14,7 @@ EPYC host of docs/performance.md the output head at 16 rows took 6.2 against 16.
 is ``weight @ x^T`` with the weight [out, in] on the left, so that BLAS streams the weight as the long operand.
 At most ``few_rows.MAX_ROWS`` rows (small batches, a batch's last rows) go on an x86 CPU in float32 to a compiled
 kernel that reads the module's own weights (``few_rows``); oneDNN's fixed cost per call is most of a product there.
+There every decode step's attention goes to the same kernels (``attend_one``), whatever the row count.
 A copy costs one more copy of its weights; it is made on the first product that needs it and made again after a
 weight of the module changed (its storage or version counter), so loading new weights into the module takes
 effect at the next ``start``, and a generation whose products all went to the kernel copies nothing.
@@ -263,7 +264,8 @@ class LeanDecoder:
         self.cuda_graphs = cuda_graphs
         self.shared_prefix = shared_prefix  # off: repeated rows copy the cache everywhere
         self.shared_prefix_min_elements = shared_prefix_min_elements  # prefix_pays
-        self.few_row_kernel = few_row_kernel  # few_rows: products of at most MAX_ROWS rows on x86 CPUs in float32
+        self.few_row_kernel = few_row_kernel  # few_rows on x86 CPUs in float32: products of at most MAX_ROWS rows,
+        # and every decode step's attention
         self.few = None  # the kernel's module while the weights and norms suit it (_pack)
         self._graph: _DecodeGraph | None = None
 
