@@ -44,9 +44,11 @@ GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_po
 
 
 # profiler ranges whose operators all count in one group: the lean decoder's attention is several operators
-# (matrix products and a softmax, `lean_decoder.split_attention`) that by name would fall in other groups
+# (matrix products and a softmax, `lean_decoder.split_attention`) that by name would fall in other groups, and the
+# few-row kernels (`few_rows`) are calls the profiler does not see as operators
 ATTENTION_RANGE = "lean_decoder.attention"
-RANGES = {ATTENTION_RANGE: "attention"}
+PRODUCTS_RANGE = "few_rows.linear_rows"
+RANGES = {ATTENTION_RANGE: "attention", PRODUCTS_RANGE: "matmul"}
 
 
 def group_of(op: str, groups: dict[str, tuple[str, ...]] = GROUPS) -> str:
@@ -62,17 +64,22 @@ def event_group(op: str, enclosing: list[str], groups: dict[str, tuple[str, ...]
 
 
 def label_attention() -> None:
-    """Run the lean decoder's attention functions inside the ``ATTENTION_RANGE`` profiler range."""
+    """Run the lean decoder's attention functions and the few-row kernel's attention inside the ``ATTENTION_RANGE``
+    profiler range, and the kernel's products inside ``PRODUCTS_RANGE``."""
     import torch
 
-    from hpc_rlhf.engines import lean_decoder
-    def in_range(inner):
+    from hpc_rlhf.engines import few_rows, lean_decoder
+    def in_range(inner, name: str):
         def ranged(*args, **kwargs):
-            with torch.profiler.record_function(ATTENTION_RANGE):
+            with torch.profiler.record_function(name):
                 return inner(*args, **kwargs)
         return ranged
     for name in ("grouped_attention", "split_attention"):
-        setattr(lean_decoder, name, in_range(getattr(lean_decoder, name)))
+        setattr(lean_decoder, name, in_range(getattr(lean_decoder, name), ATTENTION_RANGE))
+    kernel = few_rows.kernel()  # the decoder's module (built once per process)
+    if kernel is not None:
+        kernel.attend_one = in_range(kernel.attend_one, ATTENTION_RANGE)
+        kernel.linear_rows = in_range(kernel.linear_rows, PRODUCTS_RANGE)
 
 
 def add_batch_args(ap: argparse.ArgumentParser) -> None:

@@ -225,6 +225,23 @@ def test_profile_generation_groups():
     assert pg.event_group(pg.ATTENTION_RANGE, []) == "attention"  # the range's own time
     assert pg.event_group("aten::_softmax", ["generate"]) == "sampling"
     assert pg.event_group("mkldnn::_linear_pointwise", []) == "matmul"
+    # the few-row kernels' calls, which the profiler sees only as the ranges around them
+    assert pg.event_group(pg.PRODUCTS_RANGE, ["generate"]) == "matmul"
+    assert pg.event_group("aten::empty", [pg.PRODUCTS_RANGE]) == "matmul"
+
+
+def test_decode_attention_benchmark_compares_equal_results():
+    """benchmarks/decode_attention.py at a tiny shape: the kernel and PyTorch's operations agree, with a shared
+    prefix (2 prompts of 2 rows) and without one, and each setting reports both times."""
+    import decode_attention as da
+
+    from hpc_rlhf.engines import few_rows
+    mod = few_rows.kernel()
+    for prefix in (5, 0):
+        r = da.setting(mod, rows=4, samples=2, prefix=prefix, slots=9, heads=4, kv_heads=2, dim=16, min_s=0.0,
+                       seed=1)
+        assert r["max_abs_diff"] < 1e-5 and r["torch_ms"] > 0 and r["kernel_ms"] > 0
+        assert r["rows"] == 4 and r["prefix"] == prefix and r["slots"] == 9
 
 
 def test_profile_training_groups():
