@@ -7,8 +7,9 @@ a few rows by linear weights, with the RMS norm before a product or the MLP's ``
 way in; ``attend_one`` is a decode step's attention, over a shared prompt prefix too.  The toy benchmark's
 generation (8 rows, 32 tokens, a 3.3M Llama) takes a quarter to a third less time with them (docs/performance.md).
 From 16 rows on, oneDNN's blocked products win on SmolLM2-135M's shapes, so the decoder uses ``linear_rows`` for at
-most ``MAX_ROWS`` rows; ``attend_one`` at every row count, where at SmolLM2's 64 rows of 8 prompts it took 0.9-2.6
-ms a layer against 1.8-3.7 for PyTorch's operations (``split_attention``), its own slots read at about the copy rate.
+most ``MAX_ROWS`` rows; ``attend_one`` at every row count, where at SmolLM2's 64 rows of 8 prompts it took 0.47-1.81
+ms a layer against 1.09-2.51 for PyTorch's operations (``split_attention``; 64 to 250 own slots a row), reading the
+rows' own keys and values at about the copy rate (``benchmarks/decode_attention.py``).
 
 The kernels read each weight in its ``nn.Linear`` layout (no copy), so nothing is rebuilt when the weights
 change.  They are compiled with the machine's C++ compiler through ``torch.utils.cpp_extension`` on first use
