@@ -191,6 +191,9 @@ def test_decode_attention_over_a_shared_prefix(nq, nkv, D):
         valid[:, -1] = True
         valid[1, :-1] = False
         got = mod.attend_one(q, keys, values, valid, D ** -0.5, pk, pv, pvalid, rows)
+        # a masked slot's value never reaches the output, whatever it holds
+        poisoned = values.masked_fill(~valid[:, None, :, None], float("nan"))
+        assert torch.equal(mod.attend_one(q, keys, poisoned, valid, D ** -0.5, pk, pv, pvalid, rows), got)
         allk = torch.cat([pk[rows], keys], dim=2).double()
         allv = torch.cat([pv[rows], values], dim=2).double()
         allowed = torch.cat([pvalid[rows], valid], dim=1)

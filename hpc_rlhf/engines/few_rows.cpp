@@ -295,11 +295,13 @@ void attend_heads(const float* q, int64_t qs, int64_t g, int64_t D, const Slots*
       default: break;
     }
     d += (D - d) / 8 * 8;
-    if (d < D) {  // D % 8 values left over
+    if (d < D) {  // D % 8 values left over, masked slots skipped as in weigh_values
       at = 0;
       for (int r = 0; r < nruns; ++r) {
-        for (int64_t s = 0; s < runs[r].n; ++s)
+        for (int64_t s = 0; s < runs[r].n; ++s) {
+          if (sc[at + s] == 0.f) continue;
           for (int64_t t = d; t < D; ++t) oj[t] += sc[at + s] * runs[r].v[s * runs[r].vs + t];
+        }
         at += runs[r].n;
       }
       for (int64_t t = d; t < D; ++t) oj[t] *= inv;
