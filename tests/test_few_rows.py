@@ -108,10 +108,63 @@ def test_other_cpus_are_named(monkeypatch):
     assert few_rows.cpu_supported() == "the CPU has no AVX2 (PyTorch reports DEFAULT)"
 
 
+@pytest.mark.parametrize("M,N,K", [(64, 960, 576), (67, 49, 300), (130, 24, 8), (5, 1, 3), (1, 30, 600)])
+def test_panel_products_match_float64(M, N, K):
+    """``pack_panels`` + ``linear_panels``: several weights stacked, against float64; rows in tiles of 4 and
+    chunks of 64 with 1 to 3 left over, outputs in panels of 24 with a partial last one, K in steps of 256 with a
+    rest.  The panels hold each weight at [output // 24, k, output % 24] and zeros past the outputs."""
+    mod = _kernel()
+    g = torch.Generator().manual_seed(M * 1000 + N + K)
+    weights = [torch.randn(N, K, generator=g), torch.randn(7, K, generator=g)]
+    stacked = torch.cat(weights)
+    panels = mod.pack_panels(weights)
+    P = (N + 7 + 23) // 24
+    assert panels.shape == (P, K, 24)
+    padded = torch.cat([stacked, stacked.new_zeros(P * 24 - N - 7, K)])
+    assert torch.equal(panels, padded.view(P, 24, K).transpose(1, 2))
+    x = torch.randn(M, K, generator=g)
+    got = mod.linear_panels(x, panels, N + 7)
+    assert got.shape == (M, N + 7)
+    want = x.double() @ stacked.double().t()
+    torch.testing.assert_close(got.double(), want, atol=2e-6 * K ** 0.5, rtol=1e-5)
+
+
+def test_panel_products_take_the_norm_and_the_gating():
+    """The RMS norm and ``silu(gate) * up`` on the way into ``linear_panels`` match PyTorch's in float64, gates
+    from -100 to 100 included (sigmoid of a large gate is 1, of a large negative one 0, never NaN), and a strided
+    input gives the same as its contiguous copy."""
+    mod = _kernel()
+    g = torch.Generator().manual_seed(11)
+    K, N, M = 40, 30, 19
+    w = torch.randn(N, K, generator=g)
+    panels = mod.pack_panels([w])
+    gain = torch.rand(K, generator=g) + 0.5
+    x = torch.randn(M, K, generator=g) * 3
+    want = torch.nn.functional.rms_norm(x.double(), (K,), gain.double(), 1e-5) @ w.double().t()
+    torch.testing.assert_close(mod.linear_panels(x, panels, N, gain, 1e-5).double(), want, atol=1e-5, rtol=1e-5)
+    gate_up = torch.randn(M, 2 * K, generator=g) * 6
+    gate_up[0, :8] = torch.tensor([-100.0, -88.0, -30.0, -0.0, 0.0, 30.0, 88.0, 100.0])
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    want = (torch.nn.functional.silu(gate) * up) @ w.double().t()
+    got = mod.linear_panels(gate_up, panels, N, gated=True)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-5)
+    strided = torch.randn(2 * K, M, generator=g).t()
+    torch.testing.assert_close(few_rows.linear_panels(mod, strided[None], panels, N, gated=True)[0],
+                               mod.linear_panels(strided.contiguous(), panels, N, gated=True))
+    with pytest.raises(RuntimeError, match="panels hold 1 to 24 outputs, not 25"):
+        mod.linear_panels(x, mod.pack_panels([torch.randn(5, K)]), 25)
+    with pytest.raises(RuntimeError, match=r"panels must be a contiguous float32 CPU tensor \[P, 41, 24\]"):
+        mod.linear_panels(torch.randn(2, 41), panels, N)
+    with pytest.raises(RuntimeError, match=r"pack_panels: each weight must be a contiguous float32 CPU tensor \[out, 8\]"):
+        mod.pack_panels([torch.randn(3, 8), torch.randn(3, 9)])
+
+
 def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
-    """The lean decoder sends products of at most MAX_ROWS rows to the kernel and larger ones to oneDNN, gives
-    the same logits either way, stacks a product's weights only when oneDNN needs them, and uses no kernel with
-    ``few_row_kernel=False``."""
+    """With the kernel, the lean decoder sends products of at most MAX_ROWS rows to ``linear_rows`` (the module's
+    own weights) and larger ones to ``linear_panels``, packing a product's panels only when that needs them and
+    making no oneDNN copy; without it (``few_row_kernel=False``) every product goes to oneDNN.  The same logits
+    either way."""
     from transformers import AutoModelForCausalLM
 
     from hpc_rlhf.engines import lean_decoder
@@ -119,13 +172,18 @@ def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(
         tmp_path / "m", arch="qwen2", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
         max_position_embeddings=64, seed=3)).eval()
-    rows_seen = []
-    real = few_rows.linear_rows
+    rows_seen, panel_rows_seen = [], []
+    real, real_panels = few_rows.linear_rows, few_rows.linear_panels
 
     def counting(mod, x, weights, norm=None, gated=False):
         rows_seen.append(x.numel() // x.shape[-1])
         return real(mod, x, weights, norm, gated)
+
+    def counting_panels(mod, x, panels, n, norm=None, gated=False):
+        panel_rows_seen.append(x.numel() // x.shape[-1])
+        return real_panels(mod, x, panels, n, norm, gated)
     monkeypatch.setattr(lean_decoder.few_rows, "linear_rows", counting)
+    monkeypatch.setattr(lean_decoder.few_rows, "linear_panels", counting_panels)
     logits = {}
     for use in (True, False):
         dec = lean_decoder.LeanDecoder(model, few_row_kernel=use)
@@ -138,13 +196,15 @@ def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
             second = dec.forward(torch.tensor([[9]] * B), torch.full((B, 1), 4), torch.ones(B, 1, dtype=torch.bool))
         logits[use] = (first, second)
         if use:
-            # the prefill's 12 rows went to oneDNN but its head (3 rows) and every decode product to the kernel
+            # the prefill's 12 rows went to the panels, its head (3 rows) and every decode product to linear_rows
             assert rows_seen and max(rows_seen) <= few_rows.MAX_ROWS and len(rows_seen) == 1 + 4 * 2 + 1
+            assert panel_rows_seen == [B * 4] * (4 * 2)
             rows_seen.clear()
-        # the stacked copies exist only for products that oneDNN ran: not the head's, where the kernel ran all
-        assert all(p._weight is not None for layer in dec.layers for p in layer)
-        assert (dec.head._weight is None) == use
-    assert not rows_seen
+            panel_rows_seen.clear()
+        # panels only for the products that went to them (not the head's); oneDNN's copies only without the kernel
+        assert all((p._panels is not None) == use and (p._weight is None) == use for layer in dec.layers for p in layer)
+        assert dec.head._panels is None and (dec.head._weight is None) == use
+    assert not rows_seen and not panel_rows_seen
     for a, b in zip(logits[True], logits[False]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 

@@ -84,6 +84,94 @@ constexpr int64_t kMinTaskWork = 1 << 17;
 // at::parallel_for's grain (the fewest items a task takes) for items of `work` multiply-adds each.
 inline int64_t grain_for(int64_t work) { return std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(work, 1)); }
 
+// exp(x) for x <= 0, 8 at a time, to about a unit in the last place: x = n ln 2 + r with |r| <= ln(2) / 2,
+// exp(r) by Cephes' degree-7 polynomial (its expf coefficients), times 2^n built in the exponent's bits.  Below
+// ln(FLT_MIN) (-inf included: the masked slots) the result is 0.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-87.3365447504f);  // ln(FLT_MIN)
+  const __m256 below = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lowest);
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts, the first exact in float
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_blendv_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), _mm256_setzero_ps(), below);
+}
+
+// silu(gate) * up, 8 at a time: gate * sigmoid(gate), sigmoid(g) = 1 / (1 + e^-g) for g >= 0 and e^g / (1 + e^g)
+// below, so that the exponential never exceeds 1.
+inline __m256 silu_times(__m256 gate, __m256 up) {
+  const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_andnot_ps(_mm256_set1_ps(-0.f), gate)));
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, gate), _mm256_add_ps(one, e));  // e / (1 + e) if g < 0
+  return _mm256_mul_ps(_mm256_mul_ps(gate, sig), up);
+}
+
+// A product's input: x [M, K] as it is (contiguous), RMS-normalised with a norm weight [K] as Llama's norm does it
+// in float32 (x * rsqrt(mean(x^2) + eps) * norm_weight), or, with gated, x = [gate | up] [M, 2K] as silu(gate) * up
+// [M, K].  `what` names the calling function in errors.
+torch::Tensor product_input(const torch::Tensor& x_in, const std::optional<torch::Tensor>& norm_weight, double eps,
+                            bool gated, const char* what) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32 && x_in.device().is_cpu(), what,
+              ": x must be a 2-d float32 CPU tensor");
+  TORCH_CHECK(!(gated && norm_weight.has_value()), what, ": gated and a norm weight exclude each other");
+  torch::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0);
+  if (gated) {
+    TORCH_CHECK(x.size(1) % 2 == 0, what, ": a gated input has an even width, got ", x.size(1));
+    const int64_t half = x.size(1) / 2;
+    torch::Tensor act = torch::empty({M, half}, x.options());
+    const float* src = x.data_ptr<float>();
+    float* dst = act.data_ptr<float>();
+    at::parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(half, 1)), [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) {
+        const float* gate = src + m * 2 * half;
+        const float* up = gate + half;
+        float* out = dst + m * half;
+        int64_t k = 0;
+        for (; k + 8 <= half; k += 8)
+          _mm256_storeu_ps(out + k, silu_times(_mm256_loadu_ps(gate + k), _mm256_loadu_ps(up + k)));
+        for (; k < half; ++k) out[k] = gate[k] / (1.f + std::exp(-gate[k])) * up[k];
+      }
+    });
+    return act;
+  }
+  if (!norm_weight.has_value()) return x;
+  const int64_t K = x.size(1);
+  const torch::Tensor& g = *norm_weight;
+  TORCH_CHECK(g.dim() == 1 && g.size(0) == K && g.scalar_type() == torch::kFloat32 && g.is_contiguous() &&
+                  g.device().is_cpu(),
+              what, ": the norm weight must be a contiguous float32 CPU tensor [", K, "]");
+  torch::Tensor normed = torch::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  const float* gp = g.data_ptr<float>();
+  float* dst = normed.data_ptr<float>();
+  at::parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* row = src + m * K;
+      __m256 acc = _mm256_setzero_ps();
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(row + k), _mm256_loadu_ps(row + k), acc);
+      float squares = lane_sum(acc);
+      for (; k < K; ++k) squares += row[k] * row[k];
+      const float scale = 1.f / std::sqrt(squares / static_cast<float>(K) + static_cast<float>(eps));
+      const __m256 sv = _mm256_set1_ps(scale);
+      for (k = 0; k + 8 <= K; k += 8)
+        _mm256_storeu_ps(dst + m * K + k,
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k), sv), _mm256_loadu_ps(gp + k)));
+      for (; k < K; ++k) dst[m * K + k] = row[k] * scale * gp[k];
+    }
+  });
+  return normed;
+}
+
 }  // namespace
 
 // x [M, K] times each weight [N_i, K] (float32, contiguous) transposed: [M, N_0 + N_1 + ...].  With a norm weight
@@ -91,43 +179,9 @@ inline int64_t grain_for(int64_t work) { return std::max<int64_t>(1, kMinTaskWor
 // With gated, x is [M, 2K], gate and up side by side, and the product's input is silu(gate) * up.
 torch::Tensor linear_rows(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
                           const std::optional<torch::Tensor>& norm_weight, double eps, bool gated) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32 && x_in.device().is_cpu(),
-              "linear_rows: x must be a 2-d float32 CPU tensor");
   TORCH_CHECK(!weights.empty(), "linear_rows: no weights");
-  TORCH_CHECK(!(gated && norm_weight.has_value()), "linear_rows: gated and a norm weight exclude each other");
-  torch::Tensor x = x_in.contiguous();
-  if (gated) {  // x = [gate | up]: the product's input is silu(gate) * up, as Llama's MLP computes it
-    TORCH_CHECK(x.size(1) % 2 == 0, "linear_rows: a gated input has an even width, got ", x.size(1));
-    const int64_t rows = x.size(0), half = x.size(1) / 2;
-    torch::Tensor act = torch::empty({rows, half}, x.options());
-    const float* src = x.data_ptr<float>();
-    float* dst = act.data_ptr<float>();
-    for (int64_t m = 0; m < rows; ++m)
-      for (int64_t k = 0; k < half; ++k) {
-        const float gate = src[m * 2 * half + k];
-        dst[m * half + k] = gate / (1.f + std::exp(-gate)) * src[m * 2 * half + half + k];
-      }
-    x = act;
-  }
+  const torch::Tensor x = product_input(x_in, norm_weight, eps, gated, "linear_rows");
   const int64_t M = x.size(0), K = x.size(1);
-  if (norm_weight.has_value()) {
-    const torch::Tensor& g = *norm_weight;
-    TORCH_CHECK(g.dim() == 1 && g.size(0) == K && g.scalar_type() == torch::kFloat32 && g.is_contiguous() &&
-                    g.device().is_cpu(),
-                "linear_rows: the norm weight must be a contiguous float32 CPU tensor [", K, "]");
-    torch::Tensor normed = torch::empty_like(x);
-    const float* src = x.data_ptr<float>();
-    const float* gp = g.data_ptr<float>();
-    float* dst = normed.data_ptr<float>();
-    for (int64_t m = 0; m < M; ++m) {
-      const float* row = src + m * K;
-      float squares = 0.f;
-      for (int64_t k = 0; k < K; ++k) squares += row[k] * row[k];
-      const float scale = 1.f / std::sqrt(squares / static_cast<float>(K) + static_cast<float>(eps));
-      for (int64_t k = 0; k < K; ++k) dst[m * K + k] = row[k] * scale * gp[k];
-    }
-    x = normed;
-  }
   std::vector<int64_t> start;
   int64_t total = 0;
   for (const auto& w : weights) {
@@ -148,6 +202,154 @@ torch::Tensor linear_rows(const torch::Tensor& x_in, const std::vector<torch::Te
         if (lo >= hi) continue;
         // weight i's rows [lo, hi) - start[i] are the output's columns [lo, hi)
         rows_against(xp, M, K, weights[i].data_ptr<float>(), lo - start[i], hi - start[i], yp + start[i], total);
+      }
+    }
+  });
+  return y;
+}
+
+namespace {
+
+// Products of many rows (a decode step's dozens, a prefill's hundreds) by weights packed in panels: the weight's
+// rows (the outputs) in groups of kPanel = 24, each group stored k-major, [K][24] (pack_panels), so that one step of
+// k reads 24 consecutive weights, 3 vectors.  A tile of 4 rows of x keeps 4 x 24 running sums in 12 of the 16
+// vector registers: per k, 3 weight loads and 4 broadcasts of x feed 12 fused multiply-adds, which the two FMA
+// units take in 6 cycles.  A task takes whole panels; a panel is swept kDepth values of k at a time over the rows
+// of a chunk of kRowChunk rows, so that the panel's slice (24 KB) stays in L1 while the rows' slices go by, and the
+// chunk's rows (at most 64 x K floats) stay in L2 from one panel to the next.
+constexpr int64_t kPanel = 24;
+constexpr int64_t kDepth = 256;
+constexpr int64_t kRowChunk = 64;
+
+// One row's 24 running sums in three named vectors (an array of vectors indexed in a loop ends up on the stack).
+#define PANEL_SUMS(r) __m256 s##r##0, s##r##1, s##r##2;
+#define PANEL_LOAD(r)                                                                                   \
+  if constexpr (R > r) {                                                                              \
+    if (src) {                                                                                         \
+      s##r##0 = _mm256_loadu_ps(src + r * ld);                                                         \
+      s##r##1 = _mm256_loadu_ps(src + r * ld + 8);                                                     \
+      s##r##2 = _mm256_loadu_ps(src + r * ld + 16);                                                    \
+    } else {                                                                                           \
+      s##r##0 = s##r##1 = s##r##2 = _mm256_setzero_ps();                                               \
+    }                                                                                                  \
+  }
+#define PANEL_FMA(r)                                                                                    \
+  if constexpr (R > r) {                                                                              \
+    const __m256 xb = _mm256_broadcast_ss(x + r * ldx + k);                                            \
+    s##r##0 = _mm256_fmadd_ps(xb, w0, s##r##0);                                                        \
+    s##r##1 = _mm256_fmadd_ps(xb, w1, s##r##1);                                                        \
+    s##r##2 = _mm256_fmadd_ps(xb, w2, s##r##2);                                                        \
+  }
+#define PANEL_STORE(r)                                                                                  \
+  if constexpr (R > r) {                                                                              \
+    _mm256_storeu_ps(dst + r * ld, s##r##0);                                                           \
+    _mm256_storeu_ps(dst + r * ld + 8, s##r##1);                                                       \
+    _mm256_storeu_ps(dst + r * ld + 16, s##r##2);                                                      \
+  }
+
+// R (1 to 4) rows of x (row r at x + r * ldx) times kc steps of a panel (step k at p + k * kPanel): the sums start
+// from src (row r at src + r * ld; zeros where src is null) and go to dst (same layout).
+template <int R>
+inline void panel_tile(const float* x, int64_t ldx, const float* p, int64_t kc, const float* src, float* dst,
+                       int64_t ld) {
+  PANEL_SUMS(0) PANEL_SUMS(1) PANEL_SUMS(2) PANEL_SUMS(3)
+  PANEL_LOAD(0) PANEL_LOAD(1) PANEL_LOAD(2) PANEL_LOAD(3)
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(p + k * kPanel), w1 = _mm256_loadu_ps(p + k * kPanel + 8),
+                 w2 = _mm256_loadu_ps(p + k * kPanel + 16);
+    PANEL_FMA(0) PANEL_FMA(1) PANEL_FMA(2) PANEL_FMA(3)
+  }
+  PANEL_STORE(0) PANEL_STORE(1) PANEL_STORE(2) PANEL_STORE(3)
+}
+#undef PANEL_SUMS
+#undef PANEL_LOAD
+#undef PANEL_FMA
+#undef PANEL_STORE
+
+// The same into the first `cols` (< kPanel) columns of y's rows (stride ldy): the last panel of a weight whose
+// output count is not a multiple of kPanel (its missing rows are zeros in the panel).
+template <int R>
+void panel_tile_part(const float* x, int64_t ldx, const float* p, int64_t kc, bool first, float* y, int64_t ldy,
+                     int64_t cols) {
+  alignas(32) float sums[R * kPanel] = {};
+  if (!first)
+    for (int r = 0; r < R; ++r) std::copy(y + r * ldy, y + r * ldy + cols, sums + r * kPanel);
+  panel_tile<R>(x, ldx, p, kc, first ? nullptr : sums, sums, kPanel);
+  for (int r = 0; r < R; ++r) std::copy(sums + r * kPanel, sums + r * kPanel + cols, y + r * ldy);
+}
+
+template <int R>
+inline void panel_rows(const float* x, int64_t ldx, const float* p, int64_t kc, bool first, float* y, int64_t ldy,
+                       int64_t cols) {
+  if (cols == kPanel)
+    panel_tile<R>(x, ldx, p, kc, first ? nullptr : y, y, ldy);
+  else
+    panel_tile_part<R>(x, ldx, p, kc, first, y, ldy, cols);
+}
+
+}  // namespace
+
+// Weights [N_i, K] (float32, contiguous), their rows stacked (N = N_0 + N_1 + ...), in panels: [ceil(N / 24), K, 24],
+// panel j's [k, c] the weight of output 24 j + c at input k; outputs past N are zeros.
+torch::Tensor pack_panels(const std::vector<torch::Tensor>& weights) {
+  TORCH_CHECK(!weights.empty(), "pack_panels: no weights");
+  const int64_t K = weights[0].dim() == 2 ? weights[0].size(1) : -1;
+  std::vector<const float*> row;  // output n's weights
+  for (const auto& w : weights) {
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == K && w.scalar_type() == torch::kFloat32 && w.is_contiguous() &&
+                    w.device().is_cpu(),
+                "pack_panels: each weight must be a contiguous float32 CPU tensor [out, ", K, "]");
+    for (int64_t i = 0; i < w.size(0); ++i) row.push_back(w.data_ptr<float>() + i * K);
+  }
+  const int64_t N = static_cast<int64_t>(row.size()), P = (N + kPanel - 1) / kPanel;
+  torch::Tensor out = torch::zeros({P, K, kPanel}, weights[0].options());
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t c = 0; c < kPanel && p * kPanel + c < N; ++c) {
+        const float* w = row[p * kPanel + c];
+        for (int64_t k = 0; k < K; ++k) o[(p * K + k) * kPanel + c] = w[k];
+      }
+  });
+  return out;
+}
+
+// x [M, K] (RMS-normalised first with a norm weight; silu(gate) * up of x = [gate | up] where gated, as linear_rows)
+// times the N outputs of panels [P, K, 24] (pack_panels): [M, N].
+torch::Tensor linear_panels(const torch::Tensor& x_in, const torch::Tensor& panels, int64_t N,
+                            const std::optional<torch::Tensor>& norm_weight, double eps, bool gated) {
+  const torch::Tensor x = product_input(x_in, norm_weight, eps, gated, "linear_panels");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(panels.dim() == 3 && panels.size(1) == K && panels.size(2) == kPanel &&
+                  panels.scalar_type() == torch::kFloat32 && panels.is_contiguous() && panels.device().is_cpu(),
+              "linear_panels: panels must be a contiguous float32 CPU tensor [P, ", K, ", ", kPanel, "]");
+  const int64_t P = panels.size(0);
+  TORCH_CHECK(N > (P - 1) * kPanel && N <= P * kPanel, "linear_panels: ", P, " panels hold ", (P - 1) * kPanel + 1,
+              " to ", P * kPanel, " outputs, not ", N);
+  torch::Tensor y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* pp = panels.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, P, grain_for(M * K * kPanel), [&](int64_t p0, int64_t p1) {
+    for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
+      const int64_t m1 = std::min(M, m0 + kRowChunk);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t cols = std::min(kPanel, N - p * kPanel);
+        for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
+          const int64_t kc = std::min(kDepth, K - k0);
+          const float* slice = pp + (p * K + k0) * kPanel;
+          const bool first = k0 == 0;
+          float* out = yp + p * kPanel;
+          int64_t m = m0;
+          for (; m + 4 <= m1; m += 4) panel_rows<4>(xp + m * K + k0, K, slice, kc, first, out + m * N, N, cols);
+          switch (m1 - m) {
+            case 3: panel_rows<3>(xp + m * K + k0, K, slice, kc, first, out + m * N, N, cols); break;
+            case 2: panel_rows<2>(xp + m * K + k0, K, slice, kc, first, out + m * N, N, cols); break;
+            case 1: panel_rows<1>(xp + m * K + k0, K, slice, kc, first, out + m * N, N, cols); break;
+            default: break;
+          }
+        }
       }
     }
   });
@@ -191,27 +393,6 @@ inline float dot(const float* a, const float* b, int64_t n) {
   float s = lane_sum(acc);
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
-}
-
-// exp(x) for x <= 0, 8 at a time, to about a unit in the last place: x = n ln 2 + r with |r| <= ln(2) / 2,
-// exp(r) by Cephes' degree-7 polynomial (its expf coefficients), times 2^n built in the exponent's bits.  Below
-// ln(FLT_MIN) (-inf included: the masked slots) the result is 0.
-inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 lowest = _mm256_set1_ps(-87.3365447504f);  // ln(FLT_MIN)
-  const __m256 below = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lowest);
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts, the first exact in float
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_blendv_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), _mm256_setzero_ps(), below);
 }
 
 // A run of cache slots one row reads for one key/value head: n slots, slot s's key at k + s * ks, its value at
@@ -398,6 +579,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("v"), py::arg("valid"), py::arg("scale"), py::arg("prefix_keys") = py::none(),
         py::arg("prefix_values") = py::none(), py::arg("prefix_valid") = py::none(),
         py::arg("prefix_row") = py::none());
+  m.def("pack_panels", &pack_panels, "weights [N_i, K] stacked, in panels of 24 outputs: [ceil(N / 24), K, 24]",
+        py::arg("weights"));
+  m.def("linear_panels", &linear_panels, "x [M, K] (RMS-normalised first with a norm weight; silu(gate) * up if "
+        "gated) times the N outputs of pack_panels' panels: [M, N]", py::arg("x"), py::arg("panels"), py::arg("n"),
+        py::arg("norm_weight") = py::none(), py::arg("eps") = 0.0, py::arg("gated") = false);
   m.def("linear_rows", &linear_rows, "x [M, K] (RMS-normalised first with a norm weight; silu(gate) * up if gated) times weights [N_i, K] "
         "transposed, side by side", py::arg("x"), py::arg("weights"), py::arg("norm_weight") = py::none(),
         py::arg("eps") = 0.0, py::arg("gated") = false);

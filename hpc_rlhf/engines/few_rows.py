@@ -87,6 +87,18 @@ def linear_rows(module, x: torch.Tensor, weights: list[torch.Tensor], norm: torc
     return y.view(*x.shape[:-1], -1)
 
 
+def linear_panels(module, x: torch.Tensor, panels: torch.Tensor, n: int, norm: torch.nn.Module | None = None,
+                  gated: bool = False) -> torch.Tensor:
+    """``x`` [..., K] times the ``n`` outputs of ``panels`` (``module.pack_panels`` of weights [N_i, K]), with the
+    norm or the gating of ``linear_rows`` on the way in: [..., n]."""
+    flat = x.reshape(-1, x.shape[-1])
+    if norm is None:
+        y = module.linear_panels(flat, panels, n, gated=gated)
+    else:
+        y = module.linear_panels(flat, panels, n, norm.weight, norm.variance_epsilon, gated)
+    return y.view(*x.shape[:-1], n)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     mod = kernel()

@@ -115,9 +115,17 @@ class Packed:
 
     def __init__(self, linears: list[torch.nn.Linear]):
         self.parts = [m.weight for m in linears]
+        self.out = sum(m.out_features for m in linears)
         self.bias = (None if all(m.bias is None for m in linears) else
                      torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears]))
         self._weight: torch.Tensor | None = None
+        self._panels: torch.Tensor | None = None
+
+    def panels(self, few) -> torch.Tensor:
+        """The weights stacked in the kernel ``few``'s panels (``few_rows``' ``pack_panels``), made on first use."""
+        if self._panels is None:
+            self._panels = few.pack_panels(self.parts)
+        return self._panels
 
     @property
     def weight(self) -> torch.Tensor:
@@ -235,8 +243,11 @@ def _matmul(x: torch.Tensor, packed: Packed, few=None, norm: torch.nn.Module | N
     other is multiplied as ``weight @ x^T``, whose result [..., out] is a transposed view (its rows are strided),
     which the element-wise operations and views after it take as is."""
     bias = packed.bias
-    if few is not None and x.numel() <= few_rows.MAX_ROWS * x.shape[-1]:
-        y = few_rows.linear_rows(few, x, packed.parts, norm, gated)
+    if few is not None:
+        if x.numel() <= few_rows.MAX_ROWS * x.shape[-1]:
+            y = few_rows.linear_rows(few, x, packed.parts, norm, gated)
+        else:
+            y = few_rows.linear_panels(few, x, packed.panels(few), packed.out, norm, gated)
         return y if bias is None else y + bias
     if norm is not None:
         x = _rms(x, norm)
