@@ -47,7 +47,7 @@ GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_po
 # (matrix products and a softmax, `lean_decoder.split_attention`) that by name would fall in other groups, and the
 # few-row kernels (`few_rows`) are calls the profiler does not see as operators
 ATTENTION_RANGE = "lean_decoder.attention"
-PRODUCTS_RANGE = "few_rows.linear_rows"
+PRODUCTS_RANGE = "few_rows.products"
 RANGES = {ATTENTION_RANGE: "attention", PRODUCTS_RANGE: "matmul"}
 
 
@@ -80,6 +80,7 @@ def label_attention() -> None:
     if kernel is not None:
         kernel.attend_one = in_range(kernel.attend_one, ATTENTION_RANGE)
         kernel.linear_rows = in_range(kernel.linear_rows, PRODUCTS_RANGE)
+        kernel.linear_panels = in_range(kernel.linear_panels, PRODUCTS_RANGE)
 
 
 def add_batch_args(ap: argparse.ArgumentParser) -> None:

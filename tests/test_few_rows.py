@@ -110,9 +110,10 @@ def test_other_cpus_are_named(monkeypatch):
 
 @pytest.mark.parametrize("M,N,K", [(64, 960, 576), (67, 49, 300), (130, 24, 8), (5, 1, 3), (1, 30, 600)])
 def test_panel_products_match_float64(M, N, K):
-    """``pack_panels`` + ``linear_panels``: several weights stacked, against float64; rows in tiles of 4 and
-    chunks of 64 with 1 to 3 left over, outputs in panels of 24 with a partial last one, K in steps of 256 with a
-    rest.  The panels hold each weight at [output // 24, k, output % 24] and zeros past the outputs."""
+    """``pack_panels`` + ``linear_panels``: several weights stacked, against float64, with and without a residual
+    added; rows in tiles of 4 and chunks of 64 with 1 to 3 left over, outputs in panels of 24 with a partial last
+    one, K in steps of 256 with a rest.  The panels hold each weight at [output // 24, k, output % 24] and zeros
+    past the outputs."""
     mod = _kernel()
     g = torch.Generator().manual_seed(M * 1000 + N + K)
     weights = [torch.randn(N, K, generator=g), torch.randn(7, K, generator=g)]
@@ -127,6 +128,9 @@ def test_panel_products_match_float64(M, N, K):
     assert got.shape == (M, N + 7)
     want = x.double() @ stacked.double().t()
     torch.testing.assert_close(got.double(), want, atol=2e-6 * K ** 0.5, rtol=1e-5)
+    residual = torch.randn(M, N + 7, generator=g)  # the sums start from it, in the first steps of k only
+    got = mod.linear_panels(x, panels, N + 7, residual=residual)
+    torch.testing.assert_close(got.double(), want + residual.double(), atol=2e-6 * K ** 0.5, rtol=1e-5)
 
 
 def test_panel_products_take_the_norm_and_the_gating():
@@ -152,6 +156,8 @@ def test_panel_products_take_the_norm_and_the_gating():
     strided = torch.randn(2 * K, M, generator=g).t()
     torch.testing.assert_close(few_rows.linear_panels(mod, strided[None], panels, N, gated=True)[0],
                                mod.linear_panels(strided.contiguous(), panels, N, gated=True))
+    with pytest.raises(RuntimeError, match=r"the residual must be a float32 CPU tensor \[19, 30\]"):
+        mod.linear_panels(x, panels, N, residual=torch.zeros(19, 31))
     with pytest.raises(RuntimeError, match="panels hold 1 to 24 outputs, not 25"):
         mod.linear_panels(x, mod.pack_panels([torch.randn(5, K)]), 25)
     with pytest.raises(RuntimeError, match=r"panels must be a contiguous float32 CPU tensor \[P, 41, 24\]"):
@@ -179,9 +185,9 @@ def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
         rows_seen.append(x.numel() // x.shape[-1])
         return real(mod, x, weights, norm, gated)
 
-    def counting_panels(mod, x, panels, n, norm=None, gated=False):
+    def counting_panels(mod, x, panels, n, norm=None, gated=False, residual=None):
         panel_rows_seen.append(x.numel() // x.shape[-1])
-        return real_panels(mod, x, panels, n, norm, gated)
+        return real_panels(mod, x, panels, n, norm, gated, residual)
     monkeypatch.setattr(lean_decoder.few_rows, "linear_rows", counting)
     monkeypatch.setattr(lean_decoder.few_rows, "linear_panels", counting_panels)
     logits = {}

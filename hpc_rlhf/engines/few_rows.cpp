@@ -270,22 +270,23 @@ inline void panel_tile(const float* x, int64_t ldx, const float* p, int64_t kc, 
 // The same into the first `cols` (< kPanel) columns of y's rows (stride ldy): the last panel of a weight whose
 // output count is not a multiple of kPanel (its missing rows are zeros in the panel).
 template <int R>
-void panel_tile_part(const float* x, int64_t ldx, const float* p, int64_t kc, bool first, float* y, int64_t ldy,
-                     int64_t cols) {
+void panel_tile_part(const float* x, int64_t ldx, const float* p, int64_t kc, const float* src, float* y,
+                     int64_t ldy, int64_t cols) {
   alignas(32) float sums[R * kPanel] = {};
-  if (!first)
-    for (int r = 0; r < R; ++r) std::copy(y + r * ldy, y + r * ldy + cols, sums + r * kPanel);
-  panel_tile<R>(x, ldx, p, kc, first ? nullptr : sums, sums, kPanel);
+  if (src)
+    for (int r = 0; r < R; ++r) std::copy(src + r * ldy, src + r * ldy + cols, sums + r * kPanel);
+  panel_tile<R>(x, ldx, p, kc, src ? sums : nullptr, sums, kPanel);
   for (int r = 0; r < R; ++r) std::copy(sums + r * kPanel, sums + r * kPanel + cols, y + r * ldy);
 }
 
+// R rows' sums over kc steps of a panel into y (stride ldy), starting from src (same layout; zeros where null).
 template <int R>
-inline void panel_rows(const float* x, int64_t ldx, const float* p, int64_t kc, bool first, float* y, int64_t ldy,
-                       int64_t cols) {
+inline void panel_rows(const float* x, int64_t ldx, const float* p, int64_t kc, const float* src, float* y,
+                       int64_t ldy, int64_t cols) {
   if (cols == kPanel)
-    panel_tile<R>(x, ldx, p, kc, first ? nullptr : y, y, ldy);
+    panel_tile<R>(x, ldx, p, kc, src, y, ldy);
   else
-    panel_tile_part<R>(x, ldx, p, kc, first, y, ldy, cols);
+    panel_tile_part<R>(x, ldx, p, kc, src, y, ldy, cols);
 }
 
 }  // namespace
@@ -316,9 +317,11 @@ torch::Tensor pack_panels(const std::vector<torch::Tensor>& weights) {
 }
 
 // x [M, K] (RMS-normalised first with a norm weight; silu(gate) * up of x = [gate | up] where gated, as linear_rows)
-// times the N outputs of panels [P, K, 24] (pack_panels): [M, N].
+// times the N outputs of panels [P, K, 24] (pack_panels): [M, N]; plus residual [M, N] where one is given, the sums
+// starting from it (a residual connection without a pass of its own).
 torch::Tensor linear_panels(const torch::Tensor& x_in, const torch::Tensor& panels, int64_t N,
-                            const std::optional<torch::Tensor>& norm_weight, double eps, bool gated) {
+                            const std::optional<torch::Tensor>& norm_weight, double eps, bool gated,
+                            const std::optional<torch::Tensor>& residual) {
   const torch::Tensor x = product_input(x_in, norm_weight, eps, gated, "linear_panels");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(panels.dim() == 3 && panels.size(1) == K && panels.size(2) == kPanel &&
@@ -327,6 +330,14 @@ torch::Tensor linear_panels(const torch::Tensor& x_in, const torch::Tensor& pane
   const int64_t P = panels.size(0);
   TORCH_CHECK(N > (P - 1) * kPanel && N <= P * kPanel, "linear_panels: ", P, " panels hold ", (P - 1) * kPanel + 1,
               " to ", P * kPanel, " outputs, not ", N);
+  torch::Tensor res;
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->dim() == 2 && residual->size(0) == M && residual->size(1) == N &&
+                    residual->scalar_type() == torch::kFloat32 && residual->device().is_cpu(),
+                "linear_panels: the residual must be a float32 CPU tensor [", M, ", ", N, "]");
+    res = residual->contiguous();
+  }
+  const float* rp = residual.has_value() ? res.data_ptr<float>() : nullptr;
   torch::Tensor y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* pp = panels.data_ptr<float>();
@@ -339,14 +350,17 @@ torch::Tensor linear_panels(const torch::Tensor& x_in, const torch::Tensor& pane
         for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
           const int64_t kc = std::min(kDepth, K - k0);
           const float* slice = pp + (p * K + k0) * kPanel;
-          const bool first = k0 == 0;
           float* out = yp + p * kPanel;
+          // the first steps start from the residual (or zeros), the others from the sums so far
+          const float* from = k0 > 0 ? out : rp ? rp + p * kPanel : nullptr;
           int64_t m = m0;
-          for (; m + 4 <= m1; m += 4) panel_rows<4>(xp + m * K + k0, K, slice, kc, first, out + m * N, N, cols);
+          for (; m + 4 <= m1; m += 4)
+            panel_rows<4>(xp + m * K + k0, K, slice, kc, from ? from + m * N : nullptr, out + m * N, N, cols);
+          const float* rest = from ? from + m * N : nullptr;
           switch (m1 - m) {
-            case 3: panel_rows<3>(xp + m * K + k0, K, slice, kc, first, out + m * N, N, cols); break;
-            case 2: panel_rows<2>(xp + m * K + k0, K, slice, kc, first, out + m * N, N, cols); break;
-            case 1: panel_rows<1>(xp + m * K + k0, K, slice, kc, first, out + m * N, N, cols); break;
+            case 3: panel_rows<3>(xp + m * K + k0, K, slice, kc, rest, out + m * N, N, cols); break;
+            case 2: panel_rows<2>(xp + m * K + k0, K, slice, kc, rest, out + m * N, N, cols); break;
+            case 1: panel_rows<1>(xp + m * K + k0, K, slice, kc, rest, out + m * N, N, cols); break;
             default: break;
           }
         }
@@ -582,8 +596,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_panels", &pack_panels, "weights [N_i, K] stacked, in panels of 24 outputs: [ceil(N / 24), K, 24]",
         py::arg("weights"));
   m.def("linear_panels", &linear_panels, "x [M, K] (RMS-normalised first with a norm weight; silu(gate) * up if "
-        "gated) times the N outputs of pack_panels' panels: [M, N]", py::arg("x"), py::arg("panels"), py::arg("n"),
-        py::arg("norm_weight") = py::none(), py::arg("eps") = 0.0, py::arg("gated") = false);
+        "gated) times the N outputs of pack_panels' panels, plus residual [M, N] if given: [M, N]", py::arg("x"), py::arg("panels"), py::arg("n"),
+        py::arg("norm_weight") = py::none(), py::arg("eps") = 0.0, py::arg("gated") = false,
+        py::arg("residual") = py::none());
   m.def("linear_rows", &linear_rows, "x [M, K] (RMS-normalised first with a norm weight; silu(gate) * up if gated) times weights [N_i, K] "
         "transposed, side by side", py::arg("x"), py::arg("weights"), py::arg("norm_weight") = py::none(),
         py::arg("eps") = 0.0, py::arg("gated") = false);

@@ -88,14 +88,15 @@ def linear_rows(module, x: torch.Tensor, weights: list[torch.Tensor], norm: torc
 
 
 def linear_panels(module, x: torch.Tensor, panels: torch.Tensor, n: int, norm: torch.nn.Module | None = None,
-                  gated: bool = False) -> torch.Tensor:
+                  gated: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` [..., K] times the ``n`` outputs of ``panels`` (``module.pack_panels`` of weights [N_i, K]), with the
-    norm or the gating of ``linear_rows`` on the way in: [..., n]."""
+    norm or the gating of ``linear_rows`` on the way in, plus ``residual`` [..., n] where one is given: [..., n]."""
     flat = x.reshape(-1, x.shape[-1])
+    res = None if residual is None else residual.reshape(-1, n)
     if norm is None:
-        y = module.linear_panels(flat, panels, n, gated=gated)
+        y = module.linear_panels(flat, panels, n, gated=gated, residual=res)
     else:
-        y = module.linear_panels(flat, panels, n, norm.weight, norm.variance_epsilon, gated)
+        y = module.linear_panels(flat, panels, n, norm.weight, norm.variance_epsilon, gated, res)
     return y.view(*x.shape[:-1], n)
 
 

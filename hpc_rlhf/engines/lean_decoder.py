@@ -235,29 +235,33 @@ class SharedPrefix:
 
 
 def _matmul(x: torch.Tensor, packed: Packed, few=None, norm: torch.nn.Module | None = None,
-            gated: bool = False) -> torch.Tensor:
-    """``x`` [..., in] times the packed [out, in] weight, plus its bias; first normalised by the RMS norm module
-    ``norm`` where one is given, or, with ``gated``, ``x`` = [gate | up] [..., 2 in] becomes ``silu(gate) * up``.
-    At most ``few_rows.MAX_ROWS`` rows go to the few-row kernel ``few`` (a module from ``few_rows.kernel()``, which
-    also does the norm or the gating) where one is given; otherwise a oneDNN weight goes to oneDNN's linear, and any
-    other is multiplied as ``weight @ x^T``, whose result [..., out] is a transposed view (its rows are strided),
-    which the element-wise operations and views after it take as is."""
-    bias = packed.bias
-    if few is not None:
-        if x.numel() <= few_rows.MAX_ROWS * x.shape[-1]:
-            y = few_rows.linear_rows(few, x, packed.parts, norm, gated)
+            gated: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` [..., in] times the packed [out, in] weight, plus its bias, plus ``residual`` [..., out] where one is
+    given; first normalised by the RMS norm module ``norm`` where one is given, or, with ``gated``, ``x`` =
+    [gate | up] [..., 2 in] becomes ``silu(gate) * up``.  Where the kernel ``few`` is given (a module from
+    ``few_rows.kernel()``, which also does the norm or the gating), at most ``few_rows.MAX_ROWS`` rows go to its
+    ``linear_rows`` and more to its ``linear_panels`` (the residual added in its sums); otherwise a oneDNN weight
+    goes to oneDNN's linear, and any other is multiplied as ``weight @ x^T``, whose result [..., out] is a
+    transposed view (its rows are strided), which the element-wise operations and views after it take as is."""
+    bias, added = packed.bias, False
+    if few is not None and x.numel() <= few_rows.MAX_ROWS * x.shape[-1]:
+        y = few_rows.linear_rows(few, x, packed.parts, norm, gated)
+    elif few is not None:
+        added = residual is not None and bias is None  # the panels' sums start from the residual
+        y = few_rows.linear_panels(few, x, packed.panels(few), packed.out, norm, gated, residual if added else None)
+    else:
+        if norm is not None:
+            x = _rms(x, norm)
+        if gated:
+            gate, up = x.chunk(2, dim=-1)
+            x = F.silu(gate) * up
+        if packed.weight.is_mkldnn:
+            y, bias = torch.ops.mkldnn._linear_pointwise(x, packed.weight, bias, "none", [], ""), None
         else:
-            y = few_rows.linear_panels(few, x, packed.panels(few), packed.out, norm, gated)
-        return y if bias is None else y + bias
-    if norm is not None:
-        x = _rms(x, norm)
-    if gated:
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
-    if packed.weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, packed.weight, bias, "none", [], "")
-    y = (packed.weight @ x.reshape(-1, x.shape[-1]).t()).t().view(*x.shape[:-1], packed.weight.shape[0])
-    return y if bias is None else y + bias
+            y = (packed.weight @ x.reshape(-1, x.shape[-1]).t()).t().view(*x.shape[:-1], packed.weight.shape[0])
+    if bias is not None:
+        y = y + bias
+    return y if residual is None or added else residual + y
 
 
 class LeanDecoder:
@@ -453,9 +457,9 @@ class LeanDecoder:
                 o = (grouped_attention(q, keys, values, mask, self.scale) if self.prefix is None
                      else split_attention(q, self.prefix, i, keys, values, mask, self.scale))
                 o = o.transpose(1, 2).reshape(B, T, -1)
-            h = h + _matmul(o, o_w, self.few)
+            h = _matmul(o, o_w, self.few, residual=h)
             gate_up = _matmul(h, gate_up_w, self.few, layer.post_attention_layernorm)
-            h = h + _matmul(gate_up, down_w, self.few, gated=True)
+            h = _matmul(gate_up, down_w, self.few, gated=True, residual=h)
         return _matmul(h[:, -1], self.head, self.few, self.body.norm).contiguous()  # rows whole for the sampling
 
 
