@@ -166,6 +166,37 @@ def test_panel_products_take_the_norm_and_the_gating():
         mod.pack_panels([torch.randn(3, 8), torch.randn(3, 9)])
 
 
+@pytest.mark.parametrize("nq,nkv,D", [(9, 3, 64), (4, 4, 6)])
+def test_rope_store_rotates_and_writes_the_slot(nq, nkv, D):
+    """``rope_store``: the queries and keys rotated as ``x * cos + rotate_half(x) * sin`` (the transformers
+    formula, in float64), the rotated keys and the values written at the one cache slot given of a strided cache (a
+    view of a longer one), every other slot left as it was; a slot outside the cache is refused."""
+    mod = _kernel()
+    g = torch.Generator().manual_seed(nq + D)
+    B, S = 5, 7
+    qkv = torch.randn(B, (nq + 2 * nkv) * D, generator=g)
+    cos, sin = torch.randn(B, D, generator=g), torch.randn(B, D, generator=g)
+    signed_sin = torch.cat([-sin[:, :D // 2], sin[:, D // 2:]], dim=-1)
+    keys = torch.randn(B, nkv, S + 3, D, generator=g)[:, :, :S]
+    values = torch.randn(B, nkv, S + 3, D, generator=g)[:, :, :S]
+    before_k, before_v = keys.clone(), values.clone()
+    q = mod.rope_store(qkv, cos, signed_sin, keys, values, 4, nq)
+
+    def rotated(x):  # [B, H, D]
+        x = x.double()
+        half = torch.cat([-x[..., D // 2:], x[..., :D // 2]], dim=-1)
+        return x * cos.double()[:, None] + half * sin.double()[:, None]
+    heads = qkv.view(B, nq + 2 * nkv, D)
+    torch.testing.assert_close(q.double(), rotated(heads[:, :nq]), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(keys[:, :, 4].double(), rotated(heads[:, nq:nq + nkv]), atol=1e-6, rtol=1e-6)
+    assert torch.equal(values[:, :, 4], heads[:, nq + nkv:])
+    others = [s for s in range(S) if s != 4]
+    assert torch.equal(keys[:, :, others], before_k[:, :, others])
+    assert torch.equal(values[:, :, others], before_v[:, :, others])
+    with pytest.raises(RuntimeError, match="slot 7 is outside the cache's 7 slots"):
+        mod.rope_store(qkv, cos, signed_sin, keys, values, 7, nq)
+
+
 def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
     """With the kernel, the lean decoder sends products of at most MAX_ROWS rows to ``linear_rows`` (the module's
     own weights) and larger ones to ``linear_panels``, packing a product's panels only when that needs them and

@@ -504,12 +504,13 @@ void attend_heads(const float* q, int64_t qs, int64_t g, int64_t D, const Slots*
   }
 }
 
-void check_cache(const torch::Tensor& k, const torch::Tensor& v, int64_t nkv, int64_t D, const char* what) {
+void check_cache(const torch::Tensor& k, const torch::Tensor& v, int64_t nkv, int64_t D, const char* fn,
+                 const char* what) {
   TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.size(1) == nkv && k.size(3) == D,
-              "attend_one: ", what, " keys and values must be [rows, ", nkv, ", slots, ", D, "]");
+              fn, ": ", what, " keys and values must be [rows, ", nkv, ", slots, ", D, "]");
   for (const auto* t : {&k, &v})
     TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->device().is_cpu() && t->stride(-1) == 1,
-                "attend_one: ", what, " keys and values must be float32 CPU tensors with a contiguous last "
+                fn, ": ", what, " keys and values must be float32 CPU tensors with a contiguous last "
                 "dimension");
 }
 
@@ -533,7 +534,7 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const t
   TORCH_CHECK(k.dim() == 4 && k.size(0) == B && nkv > 0 && nq % nkv == 0 && valid.size(0) == B &&
                   valid.size(1) == S,
               "attend_one: shapes do not match");
-  check_cache(k, v, nkv, D, "the rows'");
+  check_cache(k, v, nkv, D, "attend_one", "the rows'");
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.device().is_cpu() && q.stride(-1) == 1,
               "attend_one: q must be a float32 CPU tensor with a contiguous last dimension");
   TORCH_CHECK(valid.scalar_type() == torch::kBool, "attend_one: valid must be boolean");
@@ -544,7 +545,7 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const t
   torch::Tensor pvalid, prow;
   int64_t U = 0, P = 0;
   if (shared) {
-    check_cache(*prefix_keys, *prefix_values, nkv, D, "the prefix's");
+    check_cache(*prefix_keys, *prefix_values, nkv, D, "attend_one", "the prefix's");
     U = prefix_keys->size(0), P = prefix_keys->size(2);
     pvalid = prefix_valid->contiguous();
     prow = prefix_row->contiguous();
@@ -587,12 +588,62 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& k, const t
   return out;
 }
 
+// A decode step's rotary embedding and cache write, one pass: qkv [B, (nq + 2 nkv) D] holds each row's query heads,
+// key heads and value heads side by side; cos and signed_sin [B, D] the row's rotation (signed_sin's first half
+// negated: x * cos + rotate_half(x) * sin = x * cos + roll(x, D / 2) * signed_sin).  The rotated keys and the values
+// go to cache slot `slot` of keys and values [B, nkv, S, D] (last dimension contiguous); the rotated queries are
+// returned, [B, nq, D].
+torch::Tensor rope_store(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& signed_sin,
+                         torch::Tensor& keys, torch::Tensor& values, int64_t slot, int64_t nq) {
+  TORCH_CHECK(keys.dim() == 4, "rope_store: keys and values must be [rows, kv heads, slots, head size]");
+  check_cache(keys, values, keys.size(1), keys.size(3), "rope_store", "the cache's");
+  const int64_t B = keys.size(0), nkv = keys.size(1), S = keys.size(2), D = keys.size(3), h = D / 2;
+  TORCH_CHECK(D % 2 == 0 && nkv > 0 && nq > 0, "rope_store: the head size must be even");
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(0) == B && qkv.size(1) == (nq + 2 * nkv) * D &&
+                  qkv.scalar_type() == torch::kFloat32 && qkv.device().is_cpu() && qkv.stride(1) == 1,
+              "rope_store: qkv must be float32 [", B, ", ", (nq + 2 * nkv) * D, "] with contiguous rows");
+  for (const auto* t : {&cos, &signed_sin})
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == B && t->size(1) == D && t->scalar_type() == torch::kFloat32 &&
+                    t->is_contiguous() && t->device().is_cpu(),
+                "rope_store: cos and signed_sin must be contiguous float32 [", B, ", ", D, "]");
+  TORCH_CHECK(slot >= 0 && slot < S, "rope_store: slot ", slot, " is outside the cache's ", S, " slots");
+  torch::Tensor q = torch::empty({B, nq, D}, qkv.options());
+  const float* src = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = signed_sin.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  float* kp = keys.data_ptr<float>();
+  float* vp = values.data_ptr<float>();
+  at::parallel_for(0, B, grain_for(4 * (nq + 2 * nkv) * D), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* row = src + b * qkv.stride(0);
+      const float* c = cp + b * D;
+      const float* sn = sp + b * D;
+      for (int64_t j = 0; j < nq + nkv; ++j) {
+        const float* x = row + j * D;
+        float* out = j < nq ? qp + (b * nq + j) * D
+                            : kp + b * keys.stride(0) + (j - nq) * keys.stride(1) + slot * keys.stride(2);
+        for (int64_t i = 0; i < h; ++i) out[i] = x[i] * c[i] + x[i + h] * sn[i];
+        for (int64_t i = h; i < D; ++i) out[i] = x[i] * c[i] + x[i - h] * sn[i];
+      }
+      for (int64_t j = 0; j < nkv; ++j)
+        std::copy(row + (nq + nkv + j) * D, row + (nq + nkv + j + 1) * D,
+                  vp + b * values.stride(0) + j * values.stride(1) + slot * values.stride(2));
+    }
+  });
+  return q;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_one", &attend_one, "one decode step's attention: q [B, nq, D] over k, v [B, nkv, S, D] where "
         "valid [B, S], after a shared prefix's slots where one is given: [B, nq * D]", py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("valid"), py::arg("scale"), py::arg("prefix_keys") = py::none(),
         py::arg("prefix_values") = py::none(), py::arg("prefix_valid") = py::none(),
         py::arg("prefix_row") = py::none());
+  m.def("rope_store", &rope_store, "a decode step's rotary embedding of qkv [B, (nq + 2 nkv) D] with cos and "
+        "signed_sin [B, D], its keys and values written to cache slot `slot` of keys, values [B, nkv, S, D]: the "
+        "rotated queries [B, nq, D]", py::arg("qkv"), py::arg("cos"), py::arg("signed_sin"), py::arg("keys"),
+        py::arg("values"), py::arg("slot"), py::arg("nq"));
   m.def("pack_panels", &pack_panels, "weights [N_i, K] stacked, in panels of 24 outputs: [ceil(N / 24), K, 24]",
         py::arg("weights"));
   m.def("linear_panels", &linear_panels, "x [M, K] (RMS-normalised first with a norm weight; silu(gate) * up if "

@@ -403,7 +403,7 @@ class LeanDecoder:
             self.keys[i][:, :, start:end] = k
             self.values[i][:, :, start:end] = v
             return self.keys[i][:, :, :end], self.values[i][:, :, :end]
-        logits = self._layers(ids, positions, self._mask(T, start, end, ids.device), store)
+        logits = self._layers(ids, positions, self._mask(T, start, end, ids.device), store, start)
         self.length += T
         return logits
 
@@ -431,28 +431,34 @@ class LeanDecoder:
         self.length += 1
         return logits
 
-    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, store) -> torch.Tensor:
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, store,
+                slot: int | None = None) -> torch.Tensor:
         """The layers over ``ids`` [B, T]; ``store(i, keys, values)`` puts layer i's new keys and values
-        [B, nkv, T, D] in the cache and returns the keys and values to attend to.  The last position's logits."""
+        [B, nkv, T, D] in the cache and returns the keys and values to attend to; ``slot``, where given, is the row
+        caches' slot of the first new position.  The last position's logits."""
         B, T = ids.shape
         nq, nkv, D = self.heads, self.kv_heads, self.head_dim
         cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, T, 1, D]
         h = self.body.embed_tokens(ids)
         split = (nq + nkv) * D  # queries and keys | values
-        # a decode step: the kernel's attention, over the shared prefix too
-        few_step = self.few is not None and T == 1
+        # a decode step in the kernel: rotation and cache write in one pass, then attention, over the shared prefix too
+        few_step = self.few is not None and T == 1 and slot is not None
+        if few_step:
+            cos, sin = cos.reshape(B, D).contiguous(), sin.reshape(B, D).contiguous()
         for i, layer in enumerate(self.body.layers):
             qkv_w, o_w, gate_up_w, down_w = self.layers[i]
             qkv = _matmul(h, qkv_w, self.few, layer.input_layernorm).contiguous()  # attention's kernel: whole rows
-            qk = qkv[..., :split].view(B, T, nq + nkv, D)
-            qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
-            keys, values = store(i, qk[:, :, nq:].transpose(1, 2), qkv[..., split:].view(B, T, nkv, D).transpose(1, 2))
             if few_step:
+                q = self.few.rope_store(qkv.view(B, -1), cos, sin, self.keys[i], self.values[i], slot, nq)
                 shared = () if self.prefix is None else (self.prefix.keys[i], self.prefix.values[i], self.prefix.valid,
                                                          self.prefix.row)
-                o = self.few.attend_one(qk[:, 0, :nq], keys, values, self.key_valid[:, :keys.shape[2]], self.scale,
-                                        *shared).view(B, T, -1)
+                o = self.few.attend_one(q, self.keys[i][:, :, :slot + 1], self.values[i][:, :, :slot + 1],
+                                        self.key_valid[:, :slot + 1], self.scale, *shared).view(B, T, -1)
             else:
+                qk = qkv[..., :split].view(B, T, nq + nkv, D)
+                qk = qk * cos + qk.roll(D // 2, dims=-1) * sin
+                keys, values = store(i, qk[:, :, nq:].transpose(1, 2),
+                                     qkv[..., split:].view(B, T, nkv, D).transpose(1, 2))
                 q = qk[:, :, :nq].transpose(1, 2)
                 o = (grouped_attention(q, keys, values, mask, self.scale) if self.prefix is None
                      else split_attention(q, self.prefix, i, keys, values, mask, self.scale))
