@@ -25,11 +25,11 @@ class EngineOptions:
                                            "bf16)")
     few_row_kernel: bool = field(True, help="hf engine with the lean decoder on an x86 CPU with AVX2 in fp32: "
                                             "kernels compiled on first use with the machine's C++ compiler and "
-                                            "cached take the products of at most 8 rows (small batches, a batch's "
-                                            "last rows; the RMS norm or silu(gate) * up on the way in) and every "
-                                            "decode step's attention (hpc_rlhf/engines/few_rows.py; a warning and "
+                                            "cached take every matrix product (the RMS norm, silu(gate) * up and "
+                                            "the residual on the way), each decode step's rotary embedding, cache "
+                                            "write and attention (hpc_rlhf/engines/few_rows.py; a warning and "
                                             "PyTorch's operations where they cannot be built); false: PyTorch's "
-                                            "operations")
+                                            "operations (oneDNN's products)")
     vllm_max_model_len: int | None = field(None, ge=1, help="vllm: longest prompt + response (default: the model's)")
     vllm_cpu_kv_cache_gib: int = field(1, ge=1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
     vllm_gpu_memory_utilization: float = field(0.5, gt=0, le=1,

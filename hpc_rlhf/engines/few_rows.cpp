@@ -1,13 +1,15 @@
-// Products of a few rows by linear weights, for the lean decoder's decode steps on x86 CPUs with AVX2 and FMA.
+// The lean decoder's products and decode steps on x86 CPUs with AVX2 and FMA.
 //
-// y[m, n] = sum_k x[m, k] * w[n, k]: each output is the dot product of a row of x with a row of the weight, which
-// stays in its nn.Linear layout [out, in] (no copy, nothing to repack when the weights change).  Several weights
-// that read the same x (query, key and value; gate and up) write their outputs side by side.  A block of 4 rows
-// of x and 2 weight rows keeps 8 running sums of 8 lanes in registers: per 8 values of k, 2 weight loads and 4
-// loads of x feed 8 fused multiply-adds.  The weight's rows are split among the intra-op threads in chunks of
-// 16 outputs, where there is enough work to pay for waking them (kMinTaskWork).  What comes before a product
-// (Llama's RMS norm, its MLP's silu(gate) * up) can run in the kernel too, on x's few rows, in place of a chain of
-// small tensor operations.  A decode step's attention (attend_one), at any row count and over a shared prompt
+// Products of a few rows (linear_rows): y[m, n] = sum_k x[m, k] * w[n, k], each output the dot product of a row of x
+// with a row of the weight, which stays in its nn.Linear layout [out, in] (no copy, nothing to repack when the
+// weights change).  Several weights that read the same x (query, key and value; gate and up) write their outputs
+// side by side.  A block of 4 rows of x and 2 weight rows keeps 8 running sums of 8 lanes in registers: per 8 values
+// of k, 2 weight loads and 4 loads of x feed 8 fused multiply-adds.  The weight's rows are split among the intra-op
+// threads in chunks of 16 outputs, where there is enough work to pay for waking them (kMinTaskWork).  Products of
+// more rows (linear_panels) read a copy of the weights packed in panels of 24 outputs (described there).  What
+// comes before a product (Llama's RMS norm, its MLP's silu(gate) * up) runs in the kernel too, on x's rows, in
+// place of a chain of small tensor operations, and a residual can start the sums.  A decode step's rotary embedding
+// and cache write (rope_store) are one pass; its attention (attend_one), at any row count and over a shared prompt
 // prefix too, takes a row's key/value head with all the query heads that read it in one task, so that its keys
 // and values come from memory once (the other heads find them in cache).  Built on first use by
 // hpc_rlhf/engines/few_rows.py.

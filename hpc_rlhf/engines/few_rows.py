@@ -1,18 +1,19 @@
-"""Compiled kernels for a few rows (``few_rows.cpp``): the lean decoder's decode steps on x86 CPUs.
+"""Compiled kernels for the lean decoder on x86 CPUs (``few_rows.cpp``): its products and its decode steps.
 
 At 8 rows PyTorch's CPU operations spend most of their time outside the arithmetic: on this project's 2-core AMD
 EPYC (Zen 3) with 2 threads, a 256 x 768 product of 8 rows took 68-83 µs in oneDNN and 46 µs in this kernel, an
 RMS norm of 8 x 256 values 36 µs, a decode step's attention over 38 slots 44-89 µs.  ``linear_rows`` multiplies
-a few rows by linear weights, with the RMS norm before a product or the MLP's ``silu(gate) * up`` done on the
-way in; ``attend_one`` is a decode step's attention, over a shared prompt prefix too.  The toy benchmark's
-generation (8 rows, 32 tokens, a 3.3M Llama) takes a quarter to a third less time with them (docs/performance.md).
-From 16 rows on, oneDNN's blocked products win on SmolLM2-135M's shapes, so the decoder uses ``linear_rows`` for at
-most ``MAX_ROWS`` rows; ``attend_one`` at every row count, where at SmolLM2's 64 rows of 8 prompts it took 0.47-1.81
-ms a layer against 1.09-2.51 for PyTorch's operations (``split_attention``; 64 to 250 own slots a row), reading the
-rows' own keys and values at about the copy rate (``benchmarks/decode_attention.py``).
+a few rows (at most ``MAX_ROWS``) by linear weights in their own layout, with the RMS norm before a product or the
+MLP's ``silu(gate) * up`` done on the way in.  ``linear_panels`` multiplies more rows by weights packed in panels
+of 24 outputs (``pack_panels``), the same on the way in and a residual added in its sums: on SmolLM2-135M's decode
+shapes at 64 rows it ran 73-79 GFLOP/s of one core against oneDNN's 60-66 (docs/performance.md).
+``rope_store`` is a decode step's rotary embedding and cache write in one pass, and ``attend_one`` its attention,
+over a shared prompt prefix too, where at SmolLM2's 64 rows of 8 prompts it took 0.47-1.81 ms a layer against
+1.09-2.51 for PyTorch's operations (``split_attention``; 64 to 250 own slots a row), reading the rows' own keys and
+values at about the copy rate (``benchmarks/decode_attention.py``).
 
-The kernels read each weight in its ``nn.Linear`` layout (no copy), so nothing is rebuilt when the weights
-change.  They are compiled with the machine's C++ compiler through ``torch.utils.cpp_extension`` on first use
+``linear_rows`` reads each weight in its ``nn.Linear`` layout (no copy); the decoder makes the panels again after
+its weights change.  The kernels are compiled with the machine's C++ compiler through ``torch.utils.cpp_extension`` on first use
 (about 40 s) and cached by PyTorch (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``);
 ``python -m hpc_rlhf.engines.few_rows`` builds them ahead (``scripts/setup_env.sh`` does).  Where they cannot be
 built (not an x86 CPU with AVX2, no compiler or headers) ``kernel()`` logs why once and returns None, and the
@@ -38,7 +39,7 @@ SOURCE = Path(__file__).with_name("few_rows.cpp")
 # of another PyTorch.  The name carries the PyTorch version and where that PyTorch is installed.
 NAME = ("hpc_rlhf_few_rows_torch" + "".join(c if c.isalnum() else "_" for c in torch.__version__) + "_"
         + hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:10])
-MAX_ROWS = 8  # the most rows a product sends to the kernel (above: oneDNN)
+MAX_ROWS = 8  # the most rows a product sends to linear_rows (above: linear_panels)
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for splits the outputs among threads
 
 
@@ -68,8 +69,8 @@ def build(source: Path = SOURCE, name: str = NAME):
 
 @functools.cache
 def kernel():
-    """The built module (``linear_rows``, ``attend_one``), or None where it cannot be built; built once per
-    process."""
+    """The built module (``linear_rows``, ``pack_panels``, ``linear_panels``, ``rope_store``, ``attend_one``), or
+    None where it cannot be built; built once per process."""
     return build()
 
 

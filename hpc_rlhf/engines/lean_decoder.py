@@ -7,17 +7,18 @@ preallocated key/value cache, looks rotary angles up in a table built once per b
 rotation to queries and keys in one pass, and uses the fused RMS norm in float32.
 
 Its matrix products use packed copies of the module's weights: query, key and value in one matrix,
-gate and up in one.  That is fewer, larger products.  On the CPU in float32 each copy is reordered once into
-oneDNN's blocked layout and multiplied by oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``): BLAS packs
-the weight again at every call, which at decode's few rows costs more than the arithmetic (on the 2-core AMD
-EPYC host of docs/performance.md the output head at 16 rows took 6.2 against 16.3 ms).  Elsewhere each product
-is ``weight @ x^T`` with the weight [out, in] on the left, so that BLAS streams the weight as the long operand.
-At most ``few_rows.MAX_ROWS`` rows (small batches, a batch's last rows) go on an x86 CPU in float32 to a compiled
-kernel that reads the module's own weights (``few_rows``); oneDNN's fixed cost per call is most of a product there.
-There every decode step's attention goes to the same kernels (``attend_one``), whatever the row count.
+gate and up in one.  That is fewer, larger products.  On an x86 CPU with AVX2 in float32 the compiled kernels of
+``few_rows`` take every product: at most ``few_rows.MAX_ROWS`` rows (small batches, a batch's last rows) read the
+module's own weights (``linear_rows``), more rows read a copy packed in panels of 24 outputs (``linear_panels``),
+with the RMS norm before a product, the MLP's gating and the residual connections done on the way.  There each
+decode step's rotary embedding and cache write (``rope_store``) and its attention (``attend_one``) go to the same
+kernels, whatever the row count.  Elsewhere in float32 on the CPU each copy is reordered once into oneDNN's blocked
+layout and multiplied by oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``): BLAS packs the weight again at
+every call, which at decode's few rows costs more than the arithmetic; and anywhere else each product is
+``weight @ x^T`` with the weight [out, in] on the left, so that BLAS streams the weight as the long operand.
 A copy costs one more copy of its weights; it is made on the first product that needs it and made again after a
 weight of the module changed (its storage or version counter), so loading new weights into the module takes
-effect at the next ``start``, and a generation whose products all went to the kernel copies nothing.
+effect at the next ``start``, and a generation whose products all went to ``linear_rows`` copies nothing.
 Tests compare its logits with the transformers forward.
 
 Grouped-query attention (fewer key/value heads than query heads) folds each key/value head's query heads
