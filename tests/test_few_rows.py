@@ -162,7 +162,8 @@ def test_panel_products_take_the_norm_and_the_gating():
         mod.linear_panels(x, mod.pack_panels([torch.randn(5, K)]), 25)
     with pytest.raises(RuntimeError, match=r"panels must be a contiguous float32 CPU tensor \[P, 41, 24\]"):
         mod.linear_panels(torch.randn(2, 41), panels, N)
-    with pytest.raises(RuntimeError, match=r"pack_panels: each weight must be a contiguous float32 CPU tensor \[out, 8\]"):
+    with pytest.raises(RuntimeError, match=r"pack_panels: each weight must be a contiguous float32 CPU tensor "
+                                           r"\[out, 8\]"):
         mod.pack_panels([torch.randn(3, 8), torch.randn(3, 9)])
 
 
