@@ -244,6 +244,22 @@ def test_decode_attention_benchmark_compares_equal_results():
         assert r["rows"] == 4 and r["prefix"] == prefix and r["slots"] == 9
 
 
+def test_decode_products_benchmark_compares_equal_results():
+    """benchmarks/decode_products.py at a tiny shape: both ways agree with float64, each product reports both times,
+    and a step's products count each layer's four ``layers`` times and the head once."""
+    import decode_products as dp
+
+    from hpc_rlhf.engines import few_rows
+    table = dp.shapes(hidden=16, mlp=24, heads=2, kv_heads=1, head_dim=8, vocab=50)
+    assert table == {"qkv": (32, 16), "o": (16, 16), "gate_up": (48, 16), "down": (16, 24), "head": (50, 16)}
+    per = {name: dp.product(few_rows.kernel(), 9, o, i, copies=2, min_s=0.0, seed=3) for name, (o, i) in table.items()}
+    for r in per.values():
+        assert r["max_abs_diff_onednn"] < 1e-5 and r["max_abs_diff_panels"] < 1e-5
+        assert r["onednn_ms"] > 0 and r["panels_ms"] > 0
+    fake = {name: {"panels_ms": 1.0 if name == "head" else 2.0} for name in table}
+    assert dp.step_products(fake, layers=3, way="panels") == (4 * 3 * 2.0 + 1.0) / 1e3
+
+
 def test_profile_training_groups():
     import profile_generation as pg
     import profile_training as pt
