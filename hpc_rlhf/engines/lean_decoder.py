@@ -404,7 +404,10 @@ class LeanDecoder:
             self.keys[i][:, :, start:end] = k
             self.values[i][:, :, start:end] = v
             return self.keys[i][:, :, :end], self.values[i][:, :, :end]
-        logits = self._layers(ids, positions, self._mask(T, start, end, ids.device), store, start)
+        if self.few is not None and T == 1:  # a decode step in the kernel, which needs no mask
+            logits = self._layers(ids, positions, None, store, start)
+        else:
+            logits = self._layers(ids, positions, self._mask(T, start, end, ids.device), store)
         self.length += T
         return logits
 
@@ -432,18 +435,19 @@ class LeanDecoder:
         self.length += 1
         return logits
 
-    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, store,
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, store,
                 slot: int | None = None) -> torch.Tensor:
-        """The layers over ``ids`` [B, T]; ``store(i, keys, values)`` puts layer i's new keys and values
-        [B, nkv, T, D] in the cache and returns the keys and values to attend to; ``slot``, where given, is the row
-        caches' slot of the first new position.  The last position's logits."""
+        """The layers over ``ids`` [B, T] under ``mask``; ``store(i, keys, values)`` puts layer i's new keys and
+        values [B, nkv, T, D] in the cache and returns the keys and values to attend to.  With ``slot`` (a decode
+        step, T = 1, where the kernel runs), the kernel writes the row caches' slot ``slot`` and attends without a
+        mask or ``store``.  The last position's logits."""
         B, T = ids.shape
         nq, nkv, D = self.heads, self.kv_heads, self.head_dim
         cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, T, 1, D]
         h = self.body.embed_tokens(ids)
         split = (nq + nkv) * D  # queries and keys | values
         # a decode step in the kernel: rotation and cache write in one pass, then attention, over the shared prefix too
-        few_step = self.few is not None and T == 1 and slot is not None
+        few_step = slot is not None
         if few_step:
             cos, sin = cos.reshape(B, D).contiguous(), sin.reshape(B, D).contiguous()
         for i, layer in enumerate(self.body.layers):
