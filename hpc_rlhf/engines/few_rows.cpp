@@ -31,6 +31,15 @@ inline float lane_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = lane_sum(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
 // R rows of x (stride K) against C weight rows (w0, and w1 where C == 2): y[r * ldy + c].
 template <int R, int C>
 inline void dots(const float* x, int64_t K, const float* w0, const float* w1, float* y, int64_t ldy) {
@@ -158,14 +167,10 @@ torch::Tensor product_input(const torch::Tensor& x_in, const std::optional<torch
   at::parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const float* row = src + m * K;
-      __m256 acc = _mm256_setzero_ps();
-      int64_t k = 0;
-      for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(row + k), _mm256_loadu_ps(row + k), acc);
-      float squares = lane_sum(acc);
-      for (; k < K; ++k) squares += row[k] * row[k];
-      const float scale = 1.f / std::sqrt(squares / static_cast<float>(K) + static_cast<float>(eps));
+      const float scale = 1.f / std::sqrt(dot(row, row, K) / static_cast<float>(K) + static_cast<float>(eps));
       const __m256 sv = _mm256_set1_ps(scale);
-      for (k = 0; k + 8 <= K; k += 8)
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8)
         _mm256_storeu_ps(dst + m * K + k,
                          _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k), sv), _mm256_loadu_ps(gp + k)));
       for (; k < K; ++k) dst[m * K + k] = row[k] * scale * gp[k];
@@ -399,15 +404,6 @@ inline __m256 dots8(const float* q, const float* k, int64_t ks, int64_t D) {
     }
     s = _mm256_add_ps(s, _mm256_load_ps(tail));
   }
-  return s;
-}
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  float s = lane_sum(acc);
-  for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
