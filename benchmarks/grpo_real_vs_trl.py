@@ -98,6 +98,40 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+WORK = ("tokens_generated", "prompt_tokens_prefilled", "positions_trained")  # a step's work, counted by each side
+TOKENS_TOLERANCE = 0.02  # equal work: the sides' generated tokens within 2% of each other
+
+
+def ours_work(row: dict) -> dict[str, float]:
+    """A step's work from hpc_rlhf's own counters (its metrics row): the rollout engines' generated tokens and
+    prompt tokens prefilled (a prompt prefilled once for its samples counts once), and the actor's positions
+    through forward and backward (each distinct prompt once per optimizer step with ``train.share_prompts``)."""
+    return {"tokens_generated": row["rollout/tokens_generated"],
+            "prompt_tokens_prefilled": row["rollout/prompt_tokens_prefilled"],
+            "positions_trained": row["actor/positions_trained"]}
+
+
+def trl_work(gen_tokens: int, prompt_tokens: int) -> dict[str, float]:
+    """A TRL step's work from its generation batch's masks: ``generate`` prefills every sample's prompt (each
+    prompt repeated num_generations times) and training runs every sample's prompt and completion once (no
+    extra log-prob pass in this configuration)."""
+    return {"tokens_generated": gen_tokens, "prompt_tokens_prefilled": prompt_tokens,
+            "positions_trained": prompt_tokens + gen_tokens}
+
+
+def equal_work(ours: dict, trl: dict) -> dict:
+    """``tokens_ratio`` (our generated tokens over TRL's, medians per step) and whether it lies within
+    ``TOKENS_TOLERANCE``; a side's throughput ratio per generated token is ``speedup_per_token``."""
+    ratio = ours["tokens_generated"] / trl["tokens_generated"] if trl["tokens_generated"] else None
+    within = ratio is not None and abs(ratio - 1) <= TOKENS_TOLERANCE + 1e-12  # 98 / 100 is 0.98 within rounding
+    out = {"tokens_ratio": ratio, "tokens_within_2pct": within}
+    if not out["tokens_within_2pct"]:
+        out["tokens_note"] = ("the sides drew the same prompts with the same stop tokens; their samples differ "
+                              "(each side's own random numbers), so the generated lengths differ by sampling: "
+                              "compare speedup_per_token")
+    return out
+
+
 def trl_phase_split(step_s: float, collect_s: float, generate_s: float) -> dict[str, float]:
     """A TRL step's phases from its timers: generation = its generate call; log-probs and reward = the rest of
     generate-and-score (rewards, advantages, any log-prob pass); training = the rest of the step (forward,
@@ -265,7 +299,7 @@ def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_
                     "vllm_cpu_kv_cache_gib": max(1, math.ceil(kv / 2 ** 30))}
     cfg = {"model": {"pretrain": model, "param_dtype": args.dtype},
            "data": {"prompt_data": [str(data)], "input_key": "prompt", "label_key": "answer",
-                    "apply_chat_template": True, "prompt_max_len": prompt_max_len},
+                    "apply_chat_template": True, "prompt_max_len": prompt_max_len, "shuffle_prompts": False},
            "reward": {"reward_func": "builtin:math"},
            "rollout": rollout,
            "algo": {"advantage_estimator": "group_norm", "init_kl_coef": 0.0},
@@ -282,6 +316,25 @@ def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def step_prompts(data: Path, out: Path, count: int, seed: int) -> Path:
+    """The run's prompts in the order both sides take them (each reads its file in order: hpc_rlhf with
+    data.shuffle_prompts off, TRL with shuffle_dataset off): ``count`` rows of ``data`` drawn with
+    random.Random(seed), so every side trains on the same prompts at the same steps."""
+    import random
+    rows = [x for x in data.read_text().splitlines() if x.strip()]
+    if count > len(rows):
+        raise SystemExit(f"grpo_real_vs_trl: --steps x --prompts = {count} rows, but {data} holds {len(rows)}")
+    out.write_text("".join(x + "\n" for x in random.Random(seed).sample(rows, count)))
+    return out
+
+
+def hpc_stop_tokens(model: str) -> list[int]:
+    """The stop tokens of hpc_rlhf's rollout for ``model`` (the tokenizer's eos and the generation config's)."""
+    from hpc_rlhf.models.loading import load_tokenizer
+    from hpc_rlhf.roles.rollout import stop_token_ids
+    return stop_token_ids(model, load_tokenizer(model))
 
 
 def gpu_count() -> int:
@@ -385,9 +438,9 @@ def run_trl(spec_path: str, out: str) -> None:
     def record(step_s: float, acc: dict) -> None:
         rewards = trainer._metrics["train"].get("reward") or [float("nan")]
         records.append({"step_s": step_s, "phases": trl_phase_split(step_s, acc["collect_s"], acc["generate_s"]),
-                        "rollout_generate_s": acc["generate_s"], "generated_tokens": acc["gen_tokens"],
-                        "prompt_tokens": acc["prompt_tokens"], "reward_mean": rewards[-1],
-                        "response_length_mean": acc["gen_tokens"] / spec["rows"]})
+                        "rollout_generate_s": acc["generate_s"], **trl_work(acc["gen_tokens"], acc["prompt_tokens"]),
+                        "reward_mean": rewards[-1], "response_length_mean": acc["gen_tokens"] / spec["rows"],
+                        "stop_token_ids": trainer.eos_token_ids})
     Timed, timer = timed_grpo_trainer(GRPOTrainer, TrainerCallback, record)
 
     rows = [json.loads(x) for x in Path(spec["data"]).read_text().splitlines() if x.strip()]
@@ -403,7 +456,7 @@ def run_trl(spec_path: str, out: str) -> None:
                      top_p=1.0, top_k=0, beta=0.0, num_iterations=1, learning_rate=spec["lr"], max_steps=spec["steps"],
                      logging_steps=10 ** 6, save_strategy="no", report_to=[], use_cpu=spec["device"] == "cpu",
                      bf16=bf16,
-                     seed=spec["seed"], dataloader_num_workers=0, gradient_checkpointing=False,
+                     seed=spec["seed"], dataloader_num_workers=0, gradient_checkpointing=False, shuffle_dataset=False,
                      use_transformers_continuous_batching=spec["generation"] == "continuous_batching")
     trainer = Timed(model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype),
                     reward_funcs=[math_reward], args=cfg, train_dataset=dataset,
@@ -465,7 +518,7 @@ def ours_round(python: str, config: Path, log: Path, samples_per_step: int,
         records.append({"step_s": row["time/step_s"], "phases": split,
                         "rollout_generate_s": row.get("time/rollout_generate_s", split["generation"]),
                         "weight_sync_s": split["weight sync"],  # the transfer: without the wait for the rollout rank
-                        "generated_tokens": row["response_length/mean"] * samples_per_step,
+                        **ours_work(row),
                         "reward_mean": row["reward/mean"], "response_length_mean": row["response_length/mean"],
                         # the actor's part of the training phase: forward passes with the loss, backward, optimizer
                         **{f"train_{k}": row[f"actor/{k}"] for k in TRAIN_PARTS if f"actor/{k}" in row}})
@@ -474,16 +527,17 @@ def ours_round(python: str, config: Path, log: Path, samples_per_step: int,
 
 # -- summaries ---------------------------------------------------------------------------------------------
 
-def round_summary(records: list[dict], warmup: int, drop_last: bool, prompt_tokens_est: float) -> dict:
-    """One round of one side: means over its timed steps (reward and length over every step run)."""
+def round_summary(records: list[dict], warmup: int, drop_last: bool) -> dict:
+    """One round of one side: means over its timed steps (reward and length over every step run); the work per
+    step (``WORK``) as the side's own counters give it."""
     timed = timed_steps(records, warmup, drop_last)
     step_s = mean([r["step_s"] for r in timed])
     phases = mean_phases([r["phases"] for r in timed])
-    gen = mean([r["generated_tokens"] for r in timed])
+    work = {k: mean([r[k] for r in timed]) for k in WORK}
     gen_call = mean([r["rollout_generate_s"] for r in timed])
-    return {"s_per_step": step_s, "phases": phases, "generated_tokens_per_step": gen,
-            "prompt_tokens_per_step": mean([r.get("prompt_tokens", prompt_tokens_est) for r in timed]),
-            "tokens_per_s": gen / step_s, "generation_tokens_per_s": gen / gen_call if gen_call > 0 else None,
+    gen = work["tokens_generated"]
+    return {"s_per_step": step_s, "phases": phases, **work,
+            "tokens_generated_per_s": gen / step_s, "generation_tokens_per_s": gen / gen_call if gen_call > 0 else None,
             "rollout_generate_s": gen_call, "weight_sync_s": mean([r.get("weight_sync_s", 0.0) for r in timed]),
             "reward_mean": mean([r["reward_mean"] for r in records]),
             "response_length_mean": mean([r["response_length_mean"] for r in records]),
@@ -508,14 +562,13 @@ def side_summary(rounds: list[dict]) -> dict:
 def fractions(side: dict, info: dict, limits: dict, batch: int, between_ranks: bool, dtype: str = "fp32") -> dict:
     """The issue's fractions of the machine limits for one side's medians, against the peak of ``dtype``."""
     peak = limits[f"matmul_flops_{dtype}"]
-    dec = ml.decode_limit_s(side["generated_tokens_per_step"], side["prompt_tokens_per_step"], batch,
+    dec = ml.decode_limit_s(side["tokens_generated"], side["prompt_tokens_prefilled"], batch,
                             info["weight_bytes"], info["matmul_params"], peak, limits["copy_bytes_per_s"])
-    tokens = side["generated_tokens_per_step"] + side["prompt_tokens_per_step"]
     sync = side["weight_sync_s"]
     return {"decode_vs_limit": ml.fraction(dec["limit_s"], side["rollout_generate_s"]),
             "decode_limit_binds": dec["binds"], "decode_limit_s": dec["limit_s"],
-            f"train_vs_peak_{dtype}": ml.train_fraction(info["matmul_params"], tokens, side["phases"]["training"],
-                                                        peak),
+            f"train_vs_peak_{dtype}": ml.train_fraction(info["matmul_params"], side["positions_trained"],
+                                                        side["phases"]["training"], peak),
             "weight_sync_vs_copy": ml.sync_fraction(info["weight_bytes"], sync, limits["copy_bytes_per_s"]),
             "weight_sync_between_ranks": between_ranks}
 
@@ -744,12 +797,14 @@ def measure(args, sides: list[str], model: str, data: Path, lengths: list[int], 
     root.mkdir(parents=True, exist_ok=True)
     (root / "limits.json").write_text(json.dumps(limits))
     plans: dict[str, dict] = {}
+    stops = {s: hpc_stop_tokens(model) for s in sides if s != "trl"}  # TRL's: its trainer's, from its records
     stopped, where = None, "before the first round"
     signal.signal(signal.SIGTERM, _stop)  # a time limit's signal ends the run with the rounds finished so far
     try:
         if args.random_init:
             model = random_model(model, root / "random_model", args.seed)
             log(f"random weights of that shape in {model}")
+        data = step_prompts(data, root / "prompts.jsonl", args.steps * args.prompts, args.seed)
         configs = {}
         for s in sides:
             if s == "trl":
@@ -765,17 +820,18 @@ def measure(args, sides: list[str], model: str, data: Path, lengths: list[int], 
                 t0 = time.time()
                 if s == "trl":
                     records, peak = trl_round(args, root, model, data)
+                    stops["trl"] = records[0]["stop_token_ids"] if records else None
                 else:
                     uses_vllm = s == "hpc_rlhf_vllm" or (s == "hpc_rlhf_async" and args.async_engine == "vllm")
                     records, peak = ours_round(args.vllm_python if uses_vllm else sys.executable, configs[s],
                                                root / f"{s}_round{r}.log", batch, args.device)
-                summary = round_summary(records, args.warmup, s in ASYNC_SIDES, batch * mean(lengths))
+                summary = round_summary(records, args.warmup, s in ASYNC_SIDES)
                 with open(root / "rounds.jsonl", "a") as f:  # every round as it ends: a cut-off run keeps them
                     f.write(json.dumps({"side": s, "round": r, "summary": summary, "records": records,
                                         "peak_rss_bytes": peak}) + "\n")
                 rounds[s].append(summary)
                 peaks[s].append(peak)
-                log(f"  {s}: {summary['s_per_step']:.2f} s/step, {summary['generated_tokens_per_step']:.0f} tokens "
+                log(f"  {s}: {summary['s_per_step']:.2f} s/step, {summary['tokens_generated']:.0f} tokens "
                     f"generated per step, reward {summary['reward_mean']:.3f}, steps "
                     f"{[round(x['step_s'], 2) for x in records]} ({time.time() - t0:.0f} s with startup)")
     except Stopped as e:
@@ -784,7 +840,7 @@ def measure(args, sides: list[str], model: str, data: Path, lengths: list[int], 
     finally:
         if root_ctx:
             root_ctx.cleanup()
-    return assemble(args, model, data, lengths, info, limits, skipped, rounds, peaks, plans, stopped)
+    return assemble(args, model, data, lengths, info, limits, skipped, rounds, peaks, plans, stopped, stops)
 
 
 class Stopped(Exception):
@@ -797,7 +853,7 @@ def _stop(signum, frame) -> None:
 
 def assemble(args, model: str, data: Path, lengths: list[int], info: dict, limits: dict, skipped: dict,
              rounds: dict[str, list[dict]], peaks: dict[str, list[dict]], plans: dict[str, dict],
-             stopped: str | None) -> dict:
+             stopped: str | None, stops: dict | None = None) -> dict:
     """The JSON result of the rounds that ended (a side without one is left out, and the rounds run are
     counted per side): medians, fractions of the limits, memory, speed-ups against TRL, targets."""
     batch = args.prompts * args.samples
@@ -814,7 +870,7 @@ def assemble(args, model: str, data: Path, lengths: list[int], info: dict, limit
                          "trl_omp_wait_policy": (os.environ | trl_openmp(args.trl_omp_default)).get("OMP_WAIT_POLICY",
                                                                                                  "default"),
                          "model": model, "data": str(data), "prompt_tokens_mean": mean(lengths),
-                         "prompt_max_len": max(lengths), **info},
+                         "prompt_max_len": max(lengths), "stop_token_ids": stops or {}, **info},
               "limits": limits, "skipped": skipped, "sides": {}}
     if stopped:
         result["stopped"] = stopped
@@ -828,7 +884,10 @@ def assemble(args, model: str, data: Path, lengths: list[int], info: dict, limit
         trl = result["sides"]["trl"]
         for s, side in result["sides"].items():
             side["speedup"] = trl["s_per_step"] / side["s_per_step"]
+            side["speedup_per_token"] = side["tokens_generated_per_s"] / trl["tokens_generated_per_s"]
             side["speedup_per_round"] = [t["s_per_step"] / o["s_per_step"] for t, o in zip(ran["trl"], ran[s])]
+            if s != "trl":
+                side |= equal_work(side, trl)
     result["targets"] = targets(result)
     return result
 

@@ -72,33 +72,55 @@ def test_phase_means_medians_shares():
     assert bench.shares({"generation": 0.0}) == {}
 
 
+def work(generated, prefilled, trained):
+    return {"tokens_generated": generated, "prompt_tokens_prefilled": prefilled, "positions_trained": trained}
+
+
 def test_round_summary():
     ph = {"generation": 2, "weight sync": 0, "log-probs and reward": 1, "training": 4, "other": 1}
-    recs = [{"step_s": 20, "phases": ph, "rollout_generate_s": 9, "generated_tokens": 10, "reward_mean": 0.0,
+    recs = [{"step_s": 20, "phases": ph, "rollout_generate_s": 9, **work(10, 99, 99), "reward_mean": 0.0,
              "response_length_mean": 5},
-            {"step_s": 8, "phases": ph, "rollout_generate_s": 2, "generated_tokens": 40, "reward_mean": 0.5,
+            {"step_s": 8, "phases": ph, "rollout_generate_s": 2, **work(40, 12, 52), "reward_mean": 0.5,
              "response_length_mean": 20, "weight_sync_s": 0.5},
-            {"step_s": 12, "phases": ph, "rollout_generate_s": 3, "generated_tokens": 60, "reward_mean": 1.0,
+            {"step_s": 12, "phases": ph, "rollout_generate_s": 3, **work(60, 20, 80), "reward_mean": 1.0,
              "response_length_mean": 30, "weight_sync_s": 1.5}]
-    out = bench.round_summary(recs, warmup=1, drop_last=False, prompt_tokens_est=16.0)
+    out = bench.round_summary(recs, warmup=1, drop_last=False)
     # timed: steps 2 and 3; reward and length over all three
     assert out["s_per_step"] == pytest.approx(10)
-    assert out["generated_tokens_per_step"] == pytest.approx(50)
-    assert out["tokens_per_s"] == pytest.approx(5)
+    assert out["tokens_generated"] == pytest.approx(50)
+    assert out["prompt_tokens_prefilled"] == pytest.approx(16)  # (12 + 20) / 2, the counters' own
+    assert out["positions_trained"] == pytest.approx(66)
+    assert out["tokens_generated_per_s"] == pytest.approx(5)
     assert out["generation_tokens_per_s"] == pytest.approx(50 / 2.5)
     assert out["weight_sync_s"] == pytest.approx(1.0)
-    assert out["prompt_tokens_per_step"] == pytest.approx(16)
     assert out["reward_mean"] == pytest.approx(0.5)
     assert out["response_length_mean"] == pytest.approx(55 / 3)
 
 
+def test_work_of_each_side_from_its_own_counters():
+    row = {"rollout/tokens_generated": 300.0, "rollout/prompt_tokens_prefilled": 40.0,
+           "actor/positions_trained": 340.0, "response_length/mean": 999.0}
+    assert bench.ours_work(row) == work(300.0, 40.0, 340.0)
+    # TRL: generate prefills every sample's prompt (8 copies of a 5-token prompt: 40) and trains prompt + completion
+    assert bench.trl_work(300, 40) == work(300, 40, 340)
+
+
+def test_equal_work_ratio_and_its_note():
+    # 98 tokens against 100: within 2%; 97: outside, with the reason
+    assert bench.equal_work({"tokens_generated": 98.0}, {"tokens_generated": 100.0}) == {
+        "tokens_ratio": pytest.approx(0.98), "tokens_within_2pct": True}
+    off = bench.equal_work({"tokens_generated": 103.0}, {"tokens_generated": 100.0})
+    assert off["tokens_ratio"] == pytest.approx(1.03) and off["tokens_within_2pct"] is False
+    assert "speedup_per_token" in off["tokens_note"]
+    assert bench.equal_work({"tokens_generated": 5.0}, {"tokens_generated": 0.0})["tokens_ratio"] is None
+
+
 def test_fractions_of_a_side():
-    side = {"generated_tokens_per_step": 100, "prompt_tokens_per_step": 28, "rollout_generate_s": 260,
-            "phases": {"training": 153.6}, "weight_sync_s": 40}
+    side = {**work(100, 28, 128), "rollout_generate_s": 260, "phases": {"training": 153.6}, "weight_sync_s": 40}
     info = {"weight_bytes": 1000, "matmul_params": 10}
     limits = {"matmul_flops_fp32": 100, "copy_bytes_per_s": 50}
     f = bench.fractions(side, info, limits, batch=8, between_ranks=True)
-    # decode: limit 130 s (weight read, above) / 260 s; train: 6 x 10 x 128 / 100 = 76.8 s / 153.6 s;
+    # decode: limit 130 s (weight read, above) / 260 s; train: 6 x 10 x 128 positions / 100 = 76.8 s / 153.6 s;
     # sync: 1000 B / 50 B/s = 20 s / 40 s
     assert f["decode_vs_limit"] == pytest.approx(0.5) and f["decode_limit_binds"] == "weight_read"
     assert f["train_vs_peak_fp32"] == pytest.approx(0.5)
@@ -110,6 +132,21 @@ def test_fractions_of_a_side():
     assert f["train_vs_peak_bf16"] == pytest.approx(0.125) and "train_vs_peak_fp32" not in f
     assert f["decode_vs_limit"] == pytest.approx(0.5)
     assert bench.targets({"sides": {"s": {"fractions": f}}})["s"]["train_ge_half_peak"] is False
+
+
+def test_fractions_credit_only_the_work_counted():
+    """The same step times with fewer positions trained and prompt tokens prefilled (a prompt run once for its
+    samples) give lower fractions: nothing is credited that the counters did not see.  Matmul-bound decode at
+    1 FLOP/s: 2 x 10 x (100 + 28) = 2560 s of limit against 5120 s measured = 0.5; with 4 prompt tokens prefilled
+    instead of 28, 2 x 10 x 104 = 2080 s = 0.40625.  Training 6 x 10 x 128 / 1 = 7680 s against 15360 s = 0.5;
+    with 104 positions 6240 s = 0.40625."""
+    limits = {"matmul_flops_fp32": 1, "copy_bytes_per_s": 50}
+    info = {"weight_bytes": 1000, "matmul_params": 10}
+    full = {**work(100, 28, 128), "rollout_generate_s": 5120, "phases": {"training": 15360}, "weight_sync_s": 0}
+    once = full | work(100, 4, 104)
+    f, g = (bench.fractions(s, info, limits, batch=8, between_ranks=False) for s in (full, once))
+    assert f["decode_vs_limit"] == pytest.approx(0.5) and g["decode_vs_limit"] == pytest.approx(0.40625)
+    assert f["train_vs_peak_fp32"] == pytest.approx(0.5) and g["train_vs_peak_fp32"] == pytest.approx(0.40625)
 
 
 def test_memory_ratio_and_summary():
@@ -156,7 +193,7 @@ def test_a_cut_off_run_is_rebuilt_from_its_kept_rounds(tmp_path):
 
     def summary(step_s):
         return {"s_per_step": step_s, "phases": {"generation": step_s - 1, "training": 1.0},
-                "generated_tokens_per_step": 100.0, "prompt_tokens_per_step": 28.0, "tokens_per_s": 100 / step_s,
+                **work(100.0, 28.0, 128.0), "tokens_generated_per_s": 100 / step_s,
                 "generation_tokens_per_s": None, "rollout_generate_s": step_s - 1, "weight_sync_s": 0.0,
                 "reward_mean": 0.0, "response_length_mean": 12.0}
     rows = [("trl", 0, 12.0), ("hpc_rlhf", 0, 2.0), ("trl", 1, 8.0)]
@@ -282,17 +319,18 @@ def test_a_time_limit_signal_ends_the_run_with_the_rounds_before_it(tmp_path, mo
     model.mkdir()
     (model / "config.json").write_text("{}")
     data = tmp_path / "d.jsonl"
-    data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n' * 16)  # steps x prompts rows: 2 x 8
     limits = {"matmul_flops_fp32": 100.0, "matmul_flops_bf16": 100.0, "copy_bytes_per_s": 50.0}
     monkeypatch.setattr(bench, "prompt_lengths", lambda model, data: [20, 36])
     monkeypatch.setattr(bench, "model_info", lambda model, dtype: {"params": 10, "matmul_params": 10,
                                                                   "tied_embeddings": True, "weight_bytes": 40})
     monkeypatch.setattr(bench, "side_available", lambda side, args: None)
     monkeypatch.setattr(bench, "planned_memory", lambda config: {})
+    monkeypatch.setattr(bench, "hpc_stop_tokens", lambda model: [2])
     monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=json.dumps(limits)))
     ph = {"generation": 9.0, "weight sync": 0.0, "log-probs and reward": 0.0, "training": 1.0, "other": 0.0}
-    step = {"step_s": 10.0, "phases": ph, "rollout_generate_s": 9.0, "generated_tokens": 100, "reward_mean": 0.0,
-            "response_length_mean": 12.0}
+    step = {"step_s": 10.0, "phases": ph, "rollout_generate_s": 9.0, **work(100, 28, 128), "reward_mean": 0.0,
+            "response_length_mean": 12.0, "stop_token_ids": [2]}
     monkeypatch.setattr(bench, "trl_round", lambda *a: ([step, step], {"main": 1}))
 
     def stopped_round(*a):

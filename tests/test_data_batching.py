@@ -42,6 +42,14 @@ def test_sampler_covers_every_index_each_epoch(n, batch, world):
     assert again.step_indices(1, 0) == samplers[0].step_indices(1, 0)
 
 
+def test_sampler_without_shuffle_keeps_the_given_order_every_epoch():
+    # 5 items, batches of 2 over 2 ranks: steps take 0 1 | 2 3 | 4 and the wrap's 0; rank 1 the odd places
+    s0, s1 = (EpochSampler(5, 2, 2, rank, seed=5, shuffle=False) for rank in (0, 1))
+    for epoch in (0, 3):
+        assert [s0.step_indices(epoch, k) for k in range(3)] == [[0], [2], [4]]
+        assert [s1.step_indices(epoch, k) for k in range(3)] == [[1], [3], [0]]
+
+
 def test_sampler_rejects_indivisible_batch():
     with pytest.raises(ValueError, match="train_batch_size 10 is not divisible by the number of ranks 4"):
         EpochSampler(100, 10, 4, 0, seed=0)

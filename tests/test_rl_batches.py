@@ -199,3 +199,17 @@ def test_combine_sums_seconds_and_averages_the_rest():
     history = [{"loss": 0.5, "grad_norm": 2.0, "forward_s": 0.25}, {"loss": 1.5, "grad_norm": 4.0, "forward_s": 0.5}]
     assert combine(history) == {"loss": 1.0, "grad_norm": 3.0, "forward_s": 0.75}
     assert combine(history[:1]) == history[0]
+
+
+def test_positions_trained_counts_each_distinct_prompt_once_where_prompts_are_shared():
+    from hpc_rlhf.roles.training import positions_trained
+    two = samples([(5, 1), (2, 9)])
+    # each sample runs its prompt and response: (5 + 1) + (2 + 9) = 17
+    assert positions_trained(two) == 17
+    # shared: the two prompts differ, so both run once: 5 + 2 prompt positions and 1 + 9 response positions
+    assert positions_trained(two, shared_prompts=True) == 17
+    # two samples of one 5-token prompt (responses of 1 and 3 tokens): 5 + 1 + 3 = 9 shared, 6 + 8 = 14 apart
+    twins = samples([(5, 1), (5, 3)])
+    twins[1].prompt_ids = list(twins[0].prompt_ids)
+    assert positions_trained(twins, shared_prompts=True) == 9 and positions_trained(twins) == 14
+    assert positions_trained([]) == 0 and positions_trained([], shared_prompts=True) == 0

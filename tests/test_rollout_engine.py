@@ -330,3 +330,56 @@ def test_repeated_prompts_share_their_prefill(model_dirs, lean, monkeypatch):
         assert c.token_ids == alone.token_ids
         assert c.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
     assert len({tuple(c.token_ids) for c in shared[:3]}) > 1  # the copies sample on their own
+
+
+def test_work_counters_by_hand(model_dirs):
+    """Two distinct prompts (3 and 5 tokens), three samples each, greedy, 4 new tokens, no stop token: 24 tokens
+    generated.  In one batch each distinct prompt is prefilled once (3 + 5 = 8); in batches of 4 rows (longest
+    first: the 5-token prompt's three samples and one of the 3-token prompt's, then the other two) the 3-token
+    prompt is prefilled in each batch: 5 + 3 + 3 = 11.  The counters add up over calls."""
+    a, b = [10, 11, 12], [20, 21, 22, 23, 24]
+    prompts = [a, b, a, b, a, b]
+    params = SamplingParams(temperature=0, max_new_tokens=4)
+    one = HFEngine(model_dirs[("llama", 0)], max_batch_size=64)
+    assert one.work_done() == {"prompt_tokens_prefilled": 0, "tokens_generated": 0}
+    one.generate(prompts, params, [0] * 6)
+    assert one.work_done() == {"prompt_tokens_prefilled": 8, "tokens_generated": 24}
+    one.generate([a], params, [0])
+    assert one.work_done() == {"prompt_tokens_prefilled": 11, "tokens_generated": 28}
+    four = HFEngine(model_dirs[("llama", 0)], max_batch_size=4)
+    four.generate(prompts, params, [0] * 6)
+    assert four.work_done() == {"prompt_tokens_prefilled": 11, "tokens_generated": 24}
+    # a row that stops counts the tokens it generated, its stop token included
+    first = one.generate([a], params, [0])[0].token_ids
+    before = one.work_done()["tokens_generated"]
+    got = one.generate([a], SamplingParams(temperature=0, max_new_tokens=4, stop_token_ids=[first[1]]), [0])
+    assert len(got[0].token_ids) == first.index(first[1]) + 1
+    assert one.work_done()["tokens_generated"] - before == len(got[0].token_ids)
+
+
+def test_no_stop_token_before_min_new_tokens(engine):
+    """The greedy row's second token made a stop token: with min_new_tokens 0 the row ends there (2 tokens); with
+    min_new_tokens 4 the stop token cannot be picked before the 4th token, so the row runs on with the next best
+    tokens, and its log-probs are still those of the unmodified model."""
+    free = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_new_tokens=8), [0])[0]
+    stop = free.token_ids[1]
+    assert free.token_ids[0] != stop, "pick a prompt whose first two greedy tokens differ"
+    short = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=[stop]),
+                            [0])[0]
+    assert short.token_ids == free.token_ids[:2] and short.finish_reason == "stop"
+    held = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=[stop],
+                                                       min_new_tokens=4), [0])[0]
+    assert held.token_ids[0] == free.token_ids[0] and stop not in held.token_ids[:4]
+    assert held.finish_reason == "stop" or len(held.token_ids) == 8
+    with torch.no_grad():
+        full = torch.tensor([held.prompt_ids + held.token_ids])
+        logp = torch.log_softmax(engine.model(full).logits[0].float(), dim=-1)
+    n = len(held.prompt_ids)
+    assert held.logprobs == pytest.approx([logp[n - 1 + t, tok].item() for t, tok in enumerate(held.token_ids)],
+                                          abs=1e-4)
+    # sampled at temperature 1, 16 rows: no stop token among any row's first 4 tokens
+    rows = engine.generate(PROMPTS[:1] * 16, SamplingParams(temperature=1.0, max_new_tokens=6, min_new_tokens=4,
+                                                            stop_token_ids=[stop, EOS]), list(range(16)))
+    assert all(not {stop, EOS} & set(r.token_ids[:4]) and len(r.token_ids) >= 4 for r in rows)
+    with pytest.raises(ValueError, match="min_new_tokens must be in"):
+        SamplingParams(max_new_tokens=4, min_new_tokens=5)

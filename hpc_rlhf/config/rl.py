@@ -34,6 +34,8 @@ class PromptDataConfig(PromptFormat):
                                                                        "and at the end (docs/eval.md)")
     max_eval_prompts: int | None = field(None, ge=1, help="cap on eval prompts")
     max_samples: int | None = field(None, ge=1, help="cap on prompts")
+    shuffle_prompts: bool = field(True, help="draw each epoch's prompts in a seeded random order (false: in the "
+                                             "order of the sources, every epoch the same)")
 
     def validate(self) -> None:
         if not self.prompt_data:
@@ -50,6 +52,9 @@ class RolloutConfig(EngineOptions):
     n_samples_per_prompt: int = field(1, ge=1, help="responses sampled per prompt (the group size)")
     rollout_batch_size: int = field(8, ge=1, help="prompts per RL step, over all ranks")
     generate_max_len: int = field(256, ge=1, help="new tokens per response at most")
+    min_new_tokens: int = field(0, ge=0, help="no stop token is sampled before this many new tokens (their "
+                                              "probability is set to 0, as transformers' min_new_tokens and vLLM's "
+                                              "min_tokens do)")
     temperature: float = field(1.0, ge=0, help="sampling temperature (0: greedy)")
     top_p: float = field(1.0, gt=0, le=1, help="nucleus sampling mass")
     top_k: int = field(0, ge=0, help="sample from the k most likely tokens (0: all)")
@@ -59,6 +64,9 @@ class RolloutConfig(EngineOptions):
     dynamic_filtering_max_rounds: int = field(4, ge=1, help="generation rounds per step at most when filtering")
 
     def validate(self) -> None:
+        if self.min_new_tokens > self.generate_max_len:
+            raise ConfigError(f"rollout.min_new_tokens={self.min_new_tokens} exceeds rollout.generate_max_len="
+                              f"{self.generate_max_len}")
         if self.dynamic_filtering and self.n_samples_per_prompt < 2:
             raise ConfigError("rollout.dynamic_filtering needs n_samples_per_prompt >= 2 (a group to compare)")
 

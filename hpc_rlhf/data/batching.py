@@ -10,13 +10,15 @@ from .sft import Sample
 
 
 class EpochSampler:
-    """Seeded per-epoch order of sample indices, cut into global batches and dealt out to ranks.
+    """Seeded per-epoch order of sample indices (``shuffle=False``: the given order), cut into global batches
+    and dealt out to ranks.
 
     The last step of an epoch wraps to the start of the same permutation to fill its batch, so
     every sample is used at least once per epoch and none is dropped.
     """
 
-    def __init__(self, num_samples: int, train_batch_size: int, world_size: int, rank: int, seed: int):
+    def __init__(self, num_samples: int, train_batch_size: int, world_size: int, rank: int, seed: int,
+                 shuffle: bool = True):
         if num_samples < 1:
             raise ValueError(f"EpochSampler needs at least one sample, got num_samples={num_samples}")
         if train_batch_size < 1 or world_size < 1:
@@ -27,7 +29,7 @@ class EpochSampler:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         self.num_samples, self.batch_size = num_samples, train_batch_size
-        self.world_size, self.rank, self.seed = world_size, rank, seed
+        self.world_size, self.rank, self.seed, self.shuffle = world_size, rank, seed, shuffle
         self._epoch: int | None = None
         self._perm: np.ndarray | None = None
 
@@ -42,7 +44,8 @@ class EpochSampler:
 
     def permutation(self, epoch: int) -> np.ndarray:
         if epoch != self._epoch:
-            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            self._perm = (np.random.default_rng([self.seed, epoch]).permutation(self.num_samples) if self.shuffle
+                          else np.arange(self.num_samples))
             self._epoch = epoch
         return self._perm
 

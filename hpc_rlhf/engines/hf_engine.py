@@ -198,12 +198,15 @@ class HFEngine(RolloutEngine):
         tokens = torch.full((n, params.max_new_tokens), self.pad_token_id, dtype=torch.long, device=dev)
         logprobs = torch.zeros((n, params.max_new_tokens), device=dev)
         for step in range(params.max_new_tokens):
+            # before min_new_tokens no stop token may be picked; the log-probs below stay the model's own
+            pick = (logits.index_fill(-1, stop, float("-inf")) if step < params.min_new_tokens and params.stop_token_ids
+                    else logits)
             if streams is None:
-                chosen = torch.argmax(logits, dim=-1)
+                chosen = torch.argmax(pick, dim=-1)
             else:
                 uniforms = torch.tensor([streams[i].random() for i in live], dtype=torch.float64,
                                         pin_memory=dev.type == "cuda")  # pinned: the copy does not wait
-                chosen = inverse_cdf_sample(filter_logits(logits, params), uniforms.to(dev, non_blocking=True))
+                chosen = inverse_cdf_sample(filter_logits(pick, params), uniforms.to(dev, non_blocking=True))
             chosen = torch.where(finished, torch.full_like(chosen, self.pad_token_id), chosen)
             tokens[live_dev, step] = chosen
             logprobs[live_dev, step] = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
@@ -241,6 +244,7 @@ class HFEngine(RolloutEngine):
             length = next((i + 1 for i, t in enumerate(row) if t in stop_set), len(row))
             result.append(Completion(prompt_ids=list(p), token_ids=row[:length], logprobs=lps[r, :length].tolist(),
                                      finish_reason=FINISH_STOP if row[length - 1] in stop_set else FINISH_LENGTH))
+        self.count_work(sum(len(p) for p in unique), sum(len(c.token_ids) for c in result))
         return result
 
     # -------------------------------------------------------------------------------------- weights

@@ -10,6 +10,7 @@ import torch
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+WORK_KEYS = ("prompt_tokens_prefilled", "tokens_generated")  # RolloutEngine.work_done
 
 
 @dataclass
@@ -20,7 +21,9 @@ class SamplingParams:
     (top-k and top-p are then irrelevant); ``top_k == 0`` and ``top_p == 1`` switch those filters off.
     Top-p keeps the smallest set of most likely tokens whose probability reaches ``top_p``.
     Generation of a row ends at the first token in ``stop_token_ids`` (which is kept in the output)
-    or after ``max_new_tokens`` tokens.
+    or after ``max_new_tokens`` tokens.  Before ``min_new_tokens`` new tokens no stop token is sampled (its
+    probability is set to 0 before the other transforms); the log-probabilities a completion reports stay those
+    of the unmodified distribution.
     """
 
     temperature: float = 1.0
@@ -28,6 +31,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 64
     stop_token_ids: list[int] = field(default_factory=list)
+    min_new_tokens: int = 0
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -38,6 +42,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got "
+                             f"{self.min_new_tokens}")
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
 
     @property
@@ -68,6 +75,19 @@ class RolloutEngine(abc.ABC):
     """
 
     weight_version: int = 0
+
+    def count_work(self, prompt_tokens_prefilled: int, tokens_generated: int) -> None:
+        """Add one generate call's work to the engine's counters (``work_done``): the prompt tokens it ran through
+        the model (a prompt prefilled once for several samples, or found in a prefix cache, counts once or not at
+        all) and the tokens it generated."""
+        work = self.__dict__.setdefault("_work", dict.fromkeys(WORK_KEYS, 0))
+        work["prompt_tokens_prefilled"] += int(prompt_tokens_prefilled)
+        work["tokens_generated"] += int(tokens_generated)
+
+    def work_done(self) -> dict[str, int]:
+        """The work of every generate call since the engine was built: {"prompt_tokens_prefilled",
+        "tokens_generated"} (a copy; the difference of two readings is the work between them)."""
+        return dict(self.__dict__.get("_work", dict.fromkeys(WORK_KEYS, 0)))
 
     @abc.abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[Completion]:

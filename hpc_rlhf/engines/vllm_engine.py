@@ -115,19 +115,22 @@ class VllmEngine(RolloutEngine):
             raise ValueError(f"generate: prompt {i} has {len(prompts[i])} tokens; with max_new_tokens="
                              f"{params.max_new_tokens} it exceeds the engine's max_model_len {self.max_model_len}")
         common = dict(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                      max_tokens=params.max_new_tokens, stop_token_ids=list(params.stop_token_ids),
+                      max_tokens=params.max_new_tokens, min_tokens=params.min_new_tokens,
+                      stop_token_ids=list(params.stop_token_ids),
                       ignore_eos=True, logprobs=0, detokenize=False, skip_special_tokens=False)
         requests = [VllmParams(seed=int(s) & 0x7FFFFFFFFFFFFFFF, **common) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests,
                                  use_tqdm=False)
-        result = []
+        result, prefilled = [], 0
         for prompt, out in zip(prompts, outs):
+            prefilled += len(prompt) - int(getattr(out, "num_cached_tokens", None) or 0)  # a prefix cache hit: not run
             o = out.outputs[0]
             tokens = list(o.token_ids)
             logprobs = [float(step[tok].logprob) for step, tok in zip(o.logprobs, tokens)]
             stopped = bool(tokens) and tokens[-1] in params.stop_token_ids
             result.append(Completion(prompt_ids=list(prompt), token_ids=tokens, logprobs=logprobs,
                                      finish_reason=FINISH_STOP if stopped else FINISH_LENGTH))
+        self.count_work(prefilled, sum(len(c.token_ids) for c in result))
         return result
 
     # -------------------------------------------------------------------------------------- weights

@@ -9,7 +9,7 @@ from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import resolve_pretrained
 from .experience import Experience, RLBatch, gather_positions, padded
-from .training import combine, optimizer_steps, per_sample, run_optimizer_step
+from .training import combine, optimizer_steps, per_sample, positions_trained, run_optimizer_step, summed_positions
 
 
 def load_value_model(path: str, dtype: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
@@ -53,8 +53,10 @@ class Critic:
 
     def train(self, samples: list[Experience], step: int) -> dict[str, float]:
         t = self.cfg.train
-        history = [run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size, None)
-                   for micro in optimizer_steps(samples, t.train_batch_size // self.world_size,
-                                                t.micro_train_batch_size, t.max_epochs, t.seed + step + 7,
-                                                self.pad_id, self.device, t.micro_batch_overhead_tokens)]
-        return {f"critic/{k}": v for k, v in combine(history).items()}
+        steps = optimizer_steps(samples, t.train_batch_size // self.world_size, t.micro_train_batch_size,
+                                t.max_epochs, t.seed + step + 7, self.pad_id, self.device,
+                                t.micro_batch_overhead_tokens)
+        history = [run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size, None) for micro in steps]
+        positions = sum(positions_trained([s for part, _ in micro for s in part]) for micro in steps)
+        return {f"critic/{k}": v for k, v in combine(history).items()} | {
+            "critic/positions_trained": summed_positions(positions)}

@@ -36,7 +36,7 @@ class Rollout:
         self.engine = engine or make_engine(cfg, device)
         r = cfg.rollout
         self.params = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                     max_new_tokens=r.generate_max_len,
+                                     max_new_tokens=r.generate_max_len, min_new_tokens=r.min_new_tokens,
                                      stop_token_ids=stop_token_ids(cfg.model.pretrain, tokenizer))
         self.executor = make_executor(cfg.agent, tokenizer, self.params.stop_token_ids)
 

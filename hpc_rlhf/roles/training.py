@@ -43,6 +43,20 @@ def per_sample(module: torch.nn.Module, samples: list[Experience], micro: int, p
     return out
 
 
+def positions_trained(samples: list[Experience], shared_prompts: bool = False) -> int:
+    """The token positions one forward and backward pass over ``samples`` runs, padding left out (pure): every
+    sample's prompt and response, or, where each distinct prompt runs once for all its samples
+    (``SharedPrompts``), those prompts once and every response."""
+    if not shared_prompts:
+        return sum(s.length for s in samples)
+    return sum(len(s.response_ids) for s in samples) + sum(len(p) for p in {tuple(s.prompt_ids) for s in samples})
+
+
+def summed_positions(positions: int) -> float:
+    """``positions`` summed over the role's ranks (each trains its shard): the role's ``positions_trained``."""
+    return float(sum_over_ranks(torch.tensor([positions], dtype=torch.float64))[0])
+
+
 def optimizer_steps(samples: list[Experience], per_rank_batch: int, micro: int, epochs: int, seed: int,
                     pad_id: int, device, overhead: int = 0,
                     responses_only: bool = False) -> list[list[tuple[list[Experience], RLBatch]]]:

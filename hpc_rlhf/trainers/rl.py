@@ -100,7 +100,8 @@ class RLRun:
             if bad.total:
                 log.warning("skipped %d bad prompt rows:\n%s", bad.total, bad.summary())
         r, t = cfg.rollout, cfg.train
-        self.schedule = PromptSchedule(prompts, r.rollout_batch_size, t.seed, t.num_episodes, t.max_steps)
+        self.schedule = PromptSchedule(prompts, r.rollout_batch_size, t.seed, t.num_episodes, t.max_steps,
+                                       cfg.data.shuffle_prompts)
         self.algo = algorithm_for(cfg)
         self.reward_moments = RunningMoments()
         opt_steps = (self.schedule.total_steps * t.max_epochs

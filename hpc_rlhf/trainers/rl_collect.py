@@ -26,9 +26,9 @@ EVAL_STEP = -1  # eval sample j of eval prompt i has the seed sample_seed(train.
 
 class PromptSchedule:
     def __init__(self, prompts: list[Prompt], rollout_batch_size: int, seed: int, num_episodes: int,
-                 max_steps: int | None):
+                 max_steps: int | None, shuffle: bool = True):
         self.prompts, self.batch, self.seed = prompts, rollout_batch_size, seed
-        self.sampler = EpochSampler(len(prompts), rollout_batch_size, 1, 0, seed)
+        self.sampler = EpochSampler(len(prompts), rollout_batch_size, 1, 0, seed, shuffle)
         self.total_steps = self.sampler.steps_per_epoch * num_episodes
         if max_steps is not None:
             self.total_steps = min(self.total_steps, max_steps)
@@ -48,26 +48,28 @@ class PromptSchedule:
 class AheadBuffer:
     def __init__(self, shard_id: list[int]):
         self.shard_id = shard_id  # [index, count] of this rollout rank: samples made ahead are its share
-        self.held: tuple[int, list[Experience]] | None = None
+        self.held: tuple[int, list[Experience], dict[str, int]] | None = None
 
-    def put(self, step: int, samples: list[Experience]) -> None:
-        self.held = (step, samples)
+    def put(self, step: int, made: tuple[list[Experience], dict[str, int]]) -> None:
+        """The samples made ahead for ``step`` and the engine's work making them (``Collector._own_samples``)."""
+        self.held = (step, *made)
 
-    def take(self, step: int) -> list[Experience] | None:
+    def take(self, step: int) -> tuple[list[Experience], dict[str, int]] | None:
         if self.held is None or self.held[0] != step:
             return None
-        samples, self.held = self.held[1], None
-        return samples
+        made, self.held = self.held[1:], None
+        return made
 
     def state(self) -> dict | None:
         if self.held is None:
             return None
-        return {"ahead_step": self.held[0], "ahead_samples": self.held[1], "ahead_shard": self.shard_id}
+        return {"ahead_step": self.held[0], "ahead_samples": self.held[1], "ahead_work": self.held[2],
+                "ahead_shard": self.shard_id}
 
     def load(self, state: dict | None) -> None:
         # samples made ahead are this rank's share of the prompts: with another rollout layout, generate afresh
         if state is not None and state["ahead_shard"] == self.shard_id:
-            self.held = (state["ahead_step"], state["ahead_samples"])
+            self.held = (state["ahead_step"], state["ahead_samples"], state.get("ahead_work", {}))
 
 
 class Collector:
@@ -88,21 +90,26 @@ class Collector:
         """Among the ranks with a role besides rollout (rollout-only ranks are elsewhere: [] there)."""
         return self.ctx.trainers.all_gather_object(mine) if self.ctx.trainers is not None else []
 
-    def _own_samples(self, prompts: list[tuple[int, Prompt]], step: int, salt: int):
-        """On a rollout rank: the samples of its share of ``prompts``, with the weights it holds now."""
-        t0 = time.time()
+    def _own_samples(self, prompts: list[tuple[int, Prompt]], step: int,
+                     salt: int) -> tuple[list[Experience], dict[str, int]]:
+        """On a rollout rank: the samples of its share of ``prompts``, with the weights it holds now, and the
+        engine's work making them (its counters' difference: ``RolloutEngine.work_done``)."""
+        t0, before = time.time(), self.rollout.engine.work_done()
         out = self.rollout.generate(prompts[self.shard], step, self.r.n_samples_per_prompt, salt=salt)
         self.generate_s = time.time() - t0
         for s in out:
             s.policy_step = self.policy_step
-        return out
+        return out, {k: v - before.get(k, 0) for k, v in self.rollout.engine.work_done().items()}
 
-    def _generate(self, prompts, step: int, salt: int, ready=None) -> list[Experience]:
-        """Every rank: the samples of ``prompts`` from all rollout ranks (``ready``: this rank's, made ahead)."""
-        mine = []
+    def _generate(self, prompts, step: int, salt: int, ready=None) -> tuple[list[Experience], dict[str, float]]:
+        """Every rank: the samples of ``prompts`` from all rollout ranks (``ready``: this rank's, made ahead) and
+        the engines' work making them, summed over the rollout ranks as ``rollout/<counter>``."""
+        mine, work = [], {}
         if self.rollout is not None:
-            mine = ready if ready is not None else self._own_samples(prompts, step, salt)
-        return self._gathered(mine)
+            mine, work = ready if ready is not None else self._own_samples(prompts, step, salt)
+        parts = self.ctx.control.all_gather_object((mine, work))
+        samples = sorted((s for part, _ in parts for s in part), key=lambda s: s.uid)
+        return samples, _summed({f"rollout/{k}": float(v) for k, v in w.items()} for _, w in parts)
 
     def _gathered(self, mine: list[Experience]) -> list[Experience]:
         samples = [s for part in self.ctx.control.all_gather_object(mine) for s in part]
@@ -144,9 +151,9 @@ class Collector:
         dropped: list[Experience] = []
         metrics: dict[str, float] = {}
         for round_ in range(self.r.dynamic_filtering_max_rounds if self.r.dynamic_filtering else 1):
-            samples = self._generate(self.schedule.draw(step, round_, B - len(kept) // n), step, salt=round_,
-                                     ready=self.ahead.take(step) if round_ == 0 else None)
-            metrics = _summed([metrics, self._score(samples)])
+            samples, work = self._generate(self.schedule.draw(step, round_, B - len(kept) // n), step, salt=round_,
+                                           ready=self.ahead.take(step) if round_ == 0 else None)
+            metrics = _summed([metrics, work, self._score(samples)])
             if not self.r.dynamic_filtering:
                 return samples, metrics
             for g in sorted({s.prompt_index for s in samples}):
