@@ -357,9 +357,14 @@ def test_example_config_parses_and_names_the_environment(monkeypatch):
 @pytest.mark.real
 def test_example_config_inputs_pass_preflight_with_the_real_assets(monkeypatch, real_model, asdiv):
     from hpc_rlhf.commands import check_inputs
-    from hpc_rlhf.config import load_config
+    from hpc_rlhf.config import ConfigError, load_config
     from hpc_rlhf.config.rl import RLConfig
     monkeypatch.chdir(ROOT)
-    cfg = load_config(RLConfig, EXAMPLE / "config.yaml",
-                      [f"model.pretrain={real_model}", f"data.prompt_data={asdiv / 'train.jsonl'}"])
-    check_inputs(cfg)  # the model folder, the data file and the environment file (imported)
+    real = [f"model.pretrain={real_model}", f"data.prompt_data={asdiv / 'train.jsonl'}"]
+    check_inputs(load_config(RLConfig, EXAMPLE / "config.yaml", real))  # the model, the data and the environment
+    # each input is checked: a missing one is named
+    for key, bad in (("model.pretrain", "/nonexistent/model"), ("data.prompt_data", "/nonexistent/train.jsonl"),
+                     ("agent.agent_func_path", "/nonexistent/env.py")):
+        cfg = load_config(RLConfig, EXAMPLE / "config.yaml", [*real, f"{key}={bad}"])
+        with pytest.raises(ConfigError, match=rf"^{key}"):
+            check_inputs(cfg)
