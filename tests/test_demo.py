@@ -48,7 +48,7 @@ def test_demo_learns(tmp_path):
 def test_demo_preference_data():
     """Pairs: chosen is the true sum, rejected a wrong one; held-out pairs never reuse a training sum."""
     from hpc_rlhf.demo.addition import forgetful_sum, kto_rows, make_task, preference_rows
-    train_rows, held_rows = make_task(1)
+    train_rows, _, held_rows = make_task(1)
     train, held = preference_rows(train_rows, 1), preference_rows(held_rows, 2)
     assert len(train) == len(train_rows) and len(held) == len(held_rows)
     assert not {p["prompt"] for p in train} & {p["prompt"] for p in held}
@@ -59,3 +59,23 @@ def test_demo_preference_data():
             assert p["rejected"] == str(forgetful_sum(a, b))
     kto = kto_rows(train)
     assert sum(r["label"] for r in kto) == len(train) == sum(not r["label"] for r in kto)
+
+
+def test_demo_splits_are_disjoint_unordered_pairs():
+    """Held-out and validation sums: both orders of 200 unordered pairs each; neither a+b nor b+a of any of them
+    is a training prompt, and the two sets share no pair.  Every other ordered pair of 10..99 is a training row:
+    8100 - 2 x 400 = 7300."""
+    from hpc_rlhf.demo.addition import make_task
+
+    def unordered(rows):
+        return [tuple(sorted(int(x) for x in r["input"].rstrip("=").split("+"))) for r in rows]
+    train, validation, held = make_task(1)
+    assert (len(train), len(validation), len(held)) == (7300, 400, 400)
+    for rows in (validation, held):
+        pairs = unordered(rows)
+        assert len(set(pairs)) == 200 and all(pairs.count(p) == 2 for p in set(pairs))  # both orders
+        assert all(r["output"] == r["label"] for r in rows)
+    assert not set(unordered(train)) & set(unordered(held))
+    assert not set(unordered(train)) & set(unordered(validation))
+    assert not set(unordered(validation)) & set(unordered(held))
+    assert make_task(2)[2] != held  # another seed, other pairs

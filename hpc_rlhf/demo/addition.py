@@ -3,6 +3,10 @@
 SFT on these demonstrations learns the majority answer, which is wrong whenever the units digits
 carry (45% of pairs) and right otherwise, so held-out accuracy lands near 0.55 for an honest
 reason.  An exact-match reward can then teach what the demonstrations got wrong.
+
+The sums are split by unordered pair: a held-out or validation sum a+b has neither a+b nor b+a among the
+training prompts, so a model cannot pass the held-out set by remembering the commuted sum.  Settings are chosen
+on the validation rows; the held-out rows are for the figures reported.
 """
 from __future__ import annotations
 
@@ -24,19 +28,28 @@ def prompt(a: int, b: int) -> str:
     return f"{a}+{b}="
 
 
-def make_task(seed: int, n_heldout: int = 400, forget_prob: float = 0.7, lo: int = 10, hi: int = 99):
-    """Train rows (with forgetful demonstrations) and held-out rows (with true answers) on disjoint pairs."""
+def make_task(seed: int, heldout_pairs: int = 200, validation_pairs: int = 200, forget_prob: float = 0.7,
+              lo: int = 10, hi: int = 99):
+    """(train, validation, held-out) rows: held-out and validation rows are both orders (a+b and b+a) of
+    ``heldout_pairs`` and ``validation_pairs`` unordered pairs {a, b} with a != b, drawn with ``seed``, with true
+    answers; every other ordered pair is a training row, with a forgetful demonstration."""
     rng = random.Random(seed)
-    pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
-    rng.shuffle(pairs)
-    held, train = pairs[:n_heldout], pairs[n_heldout:]
+    unordered = [(a, b) for a in range(lo, hi + 1) for b in range(a + 1, hi + 1)]
+    rng.shuffle(unordered)
+    held = unordered[:heldout_pairs]
+    validation = unordered[heldout_pairs:heldout_pairs + validation_pairs]
+    apart = set(held) | set(validation)
+    train = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1) if (min(a, b), max(a, b)) not in apart]
+    rng.shuffle(train)
     train_rows = []
     for a, b in train:
         wrong = carries(a, b) and rng.random() < forget_prob
         answer = forgetful_sum(a, b) if wrong else a + b
         train_rows.append({"input": prompt(a, b), "output": str(answer), "label": str(a + b)})
-    held_rows = [{"input": prompt(a, b), "output": str(a + b), "label": str(a + b)} for a, b in held]
-    return train_rows, held_rows
+    def true_rows(pairs):
+        return [{"input": prompt(x, y), "output": str(a + b), "label": str(a + b)}
+                for a, b in pairs for x, y in ((a, b), (b, a))]
+    return train_rows, true_rows(validation), true_rows(held)
 
 
 def write_jsonl(rows: list[dict], path: Path) -> Path:

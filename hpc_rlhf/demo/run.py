@@ -44,7 +44,9 @@ class DemoContext:
     base_model: Path
     train_file: Path
     heldout_rows: list[dict]
+    validation_rows: list[dict]  # settings are chosen on these; the held-out rows give the figures reported
     heldout_file: Path | None = None  # the held-out rows as a prompt file (input, label)
+    validation_file: Path | None = None  # the validation rows as a prompt file (the RL runs' in-training evals)
     pairs_file: Path | None = None  # preference pairs from the training sums
     heldout_pairs_file: Path | None = None  # preference pairs from the held-out sums
     kto_file: Path | None = None  # the training pairs as unpaired labelled rows
@@ -64,10 +66,12 @@ def run_training(ctx: DemoContext, trainer: str, name: str, config: dict) -> Pat
     return Path(config["ckpt"]["save_path"])
 
 
-def heldout_accuracy(model_dir: Path, rows: list[dict]) -> float:
+def accuracies(ctx: DemoContext, model_dir: Path) -> dict:
+    """Greedy exact-match accuracy of a model on the validation and on the held-out sums."""
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return exact_match_accuracy(model, tokenizer, rows)
+    return {"validation_accuracy": exact_match_accuracy(model, tokenizer, ctx.validation_rows),
+            "heldout_accuracy": exact_match_accuracy(model, tokenizer, ctx.heldout_rows)}
 
 
 @stage("sft")
@@ -89,7 +93,7 @@ def sft_stage(ctx: DemoContext) -> dict:
     ctx.models["sft"] = model_dir
     metrics = [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [m["loss"] for m in metrics if "loss" in m]
-    return {"heldout_accuracy": heldout_accuracy(model_dir, ctx.heldout_rows), "steps": metrics[-1]["step"],
+    return {**accuracies(ctx, model_dir), "steps": metrics[-1]["step"],
             "first_loss": losses[0], "last_loss": losses[-1], "seconds": round(time.time() - t0, 1)}
 
 
@@ -118,7 +122,7 @@ def rl_stage(name: str, algo: dict, rollout: dict, train: dict, placement: dict 
         metrics = [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
         rewards = [m["reward/mean"] for m in metrics]
         k = max(1, len(rewards) // 5)
-        return {"heldout_accuracy": heldout_accuracy(model_dir, ctx.heldout_rows), "steps": metrics[-1]["step"],
+        return {**accuracies(ctx, model_dir), "steps": metrics[-1]["step"],
                 "reward_mean_first": round(sum(rewards[:k]) / k, 4),
                 "reward_mean_last": round(sum(rewards[-k:]) / k, 4),
                 "seconds": round(time.time() - t0, 1)}
@@ -175,7 +179,7 @@ def multiturn_run(ctx: DemoContext, name: str, pretrain: Path, phase: dict, eval
     """One `train rl` run with the two-tries environment; its metrics rows."""
     config = {
         "model": {"pretrain": str(pretrain), "param_dtype": "fp32"},
-        "data": {"prompt_data": [str(ctx.train_file)], "eval_prompt_data": [str(ctx.heldout_file)],
+        "data": {"prompt_data": [str(ctx.train_file)], "eval_prompt_data": [str(ctx.validation_file)],
                  "input_key": "input", "label_key": "label"},
         "agent": {"agent_func_path": str(ENV_FILE), "max_turns": 2, "max_context_len": 64,
                   "feedback_template": "raw"},
@@ -237,12 +241,13 @@ def multiturn_stage(ctx: DemoContext) -> dict:
     baseline compares second tries alone: the model learns to add the carry after a rejection.  The second
     phase (PPO with a critic, both tries sampled) then teaches the first try the carry too, while the second
     keeps its lesson (the fix rate holds; with fewer wrong first answers the count of fixed sums falls).
-    The eval runs the held-out sums through the same environment, greedy on both turns: the SFT model
-    (``sft``, by demo/evaluate.environment_eval with the same executor), before the first RL step
-    (``retry_sft``), after the retry phase and at the end.  Figures per seed: docs/agents.md, "Demo".
+    The eval runs sums through the same environment, greedy on both turns: the RL runs' evals (before the first
+    step, after the retry phase, at the end) on the validation sums (``validation``); the held-out sums once per
+    model at the end (demo/evaluate.environment_eval, the same executor): the SFT model (``sft``), the model
+    after the two-try demonstrations (``retry_sft``), after the retry phase and at the end.  Figures per seed:
+    docs/agents.md, "Demo".
     """
     t0 = time.time()
-    sft_logs = environment_eval(ctx.models["sft"], ctx.heldout_rows, ENV_FILE, max_turns=2, max_context_len=64)
     start = retry_sft(ctx)
     t1 = time.time()
     retry = multiturn_run(ctx, "multiturn_retry", start, RETRY_PHASE, eval_at_start=True)
@@ -252,10 +257,16 @@ def multiturn_stage(ctx: DemoContext) -> dict:
     evals = [m for m in retry + both if "eval/agent/final_correct" in m]
     rewards = [m["reward/mean"] for m in both if "reward/mean" in m]
     k = max(1, len(rewards) // 5)
-    n = len(ctx.heldout_rows)
-    return {"sft": two_turn_figures({f"eval/agent/{k}": v for k, v in sft_logs.items()}, n),
-            "retry_sft": two_turn_figures(evals[0], n), "after_retry_phase": two_turn_figures(evals[1], n),
-            **two_turn_figures(evals[-1], n), "steps": [retry[-1]["step"], both[-1]["step"]],
+
+    def heldout(model_dir: Path) -> dict:
+        logs = environment_eval(model_dir, ctx.heldout_rows, ENV_FILE, max_turns=2, max_context_len=64)
+        return two_turn_figures({f"eval/agent/{k}": v for k, v in logs.items()}, len(ctx.heldout_rows))
+    n = len(ctx.validation_rows)
+    validation = {"retry_sft": two_turn_figures(evals[0], n), "after_retry_phase": two_turn_figures(evals[1], n),
+                  **two_turn_figures(evals[-1], n)}
+    return {"sft": heldout(ctx.models["sft"]), "retry_sft": heldout(start),
+            "after_retry_phase": heldout(ctx.out / "multiturn_retry"), **heldout(ctx.models["multiturn"]),
+            "validation": validation, "steps": [retry[-1]["step"], both[-1]["step"]],
             "reward_mean_first": round(sum(rewards[:k]) / k, 4), "reward_mean_last": round(sum(rewards[-k:]) / k, 4),
             "retry_sft_seconds": round(t1 - t0, 1), "retry_phase_seconds": round(t2 - t1, 1),
             "seconds": round(time.time() - t0, 1)}
@@ -326,7 +337,7 @@ def dpo_stage(ctx: DemoContext) -> dict:
                                {**PREF_TRAIN, **DPO_TRAIN})
     model_dir = run_training(ctx, "dpo", "dpo", config)
     ctx.models["dpo"] = model_dir
-    return {"heldout_accuracy": heldout_accuracy(model_dir, ctx.heldout_rows),
+    return {**accuracies(ctx, model_dir),
             **implicit_reward_pair_accuracy(model_dir, ctx.models["sft"], ctx.heldout_pairs_file),
             **train_figures(model_dir), "seconds": round(time.time() - t0, 1)}
 
@@ -344,7 +355,7 @@ def kto_stage(ctx: DemoContext) -> dict:
     config["data"].update({"prompt_key": "prompt", "completion_key": "completion", "label_key": "label"})
     model_dir = run_training(ctx, "kto", "kto", config)
     ctx.models["kto"] = model_dir
-    return {"heldout_accuracy": heldout_accuracy(model_dir, ctx.heldout_rows),
+    return {**accuracies(ctx, model_dir),
             **implicit_reward_pair_accuracy(model_dir, ctx.models["sft"], ctx.heldout_pairs_file),
             **train_figures(model_dir), "seconds": round(time.time() - t0, 1)}
 
@@ -361,8 +372,9 @@ def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = 
     if unknown:
         raise SystemExit(f"hpc-rlhf demo: unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}")
     out.mkdir(parents=True, exist_ok=True)
-    train_rows, held_rows = make_task(seed)
+    train_rows, validation_rows, held_rows = make_task(seed)
     train_file = write_jsonl(train_rows, out / "data" / "train.jsonl")
+    validation_file = write_jsonl(validation_rows, out / "data" / "validation.jsonl")
     heldout_file = write_jsonl(held_rows, out / "data" / "heldout.jsonl")
     # preference data: chosen = the true sum, rejected = a wrong one; held-out pairs on the held-out sums only
     train_pairs = preference_rows(train_rows, seed)
@@ -372,9 +384,10 @@ def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = 
     base = build_tiny_model(out / "base_model", arch="llama", hidden_size=128, num_layers=4, num_heads=4,
                             intermediate_size=256, max_position_embeddings=64, seed=seed)
     ctx = DemoContext(out=out, nproc=nproc, seed=seed, engine=engine, base_model=base, train_file=train_file,
-                      heldout_rows=held_rows, heldout_file=heldout_file, pairs_file=pairs_file,
-                      heldout_pairs_file=heldout_pairs_file, kto_file=kto_file)
-    ctx.results["base"] = {"heldout_accuracy": heldout_accuracy(base, held_rows)}
+                      heldout_rows=held_rows, validation_rows=validation_rows, heldout_file=heldout_file,
+                      validation_file=validation_file, pairs_file=pairs_file, heldout_pairs_file=heldout_pairs_file,
+                      kto_file=kto_file)
+    ctx.results["base"] = accuracies(ctx, base)
     for name in stages:
         log.info("demo stage %s", name)
         ctx.results[name] = STAGES[name](ctx)
