@@ -148,3 +148,34 @@ def test_eval_report_per_dataset_with_several_sources():
 def test_dataset_names():
     assert dataset_names(["/x/asdiv/heldout.jsonl", "/y/gsm8k", "org/math@test", "/z/heldout.jsonl", "a b.csv"]) == [
         "heldout", "gsm8k", "math", "heldout_2", "a_b"]
+
+
+def test_pass_rates_per_prompt():
+    from hpc_rlhf.algorithms.eval_metrics import pass_rates
+    rows = [{"prompt_id": 0, "valid": True, "correct": True}, {"prompt_id": 0, "valid": True, "correct": False},
+            {"prompt_id": 0, "valid": False, "correct": False},  # a failed reward: not counted
+            {"prompt_id": 1, "valid": True, "correct": True}, {"prompt_id": 1, "correct": True},  # valid by default
+            {"prompt_id": 2, "valid": False, "correct": False}]  # no valid sample: left out
+    assert pass_rates(rows) == {0: 0.5, 1: 1.0}
+    assert pass_rates([]) == {}
+
+
+def test_paired_bootstrap_by_hand():
+    from hpc_rlhf.algorithms.eval_metrics import paired_bootstrap
+    # every problem gains 0.25: every resample's mean gain is 0.25, so the interval is [0.25, 0.25]
+    out = paired_bootstrap([0.0, 0.5, 0.25], [0.25, 0.75, 0.5], n_boot=200)
+    assert out["gain"] == pytest.approx(0.25) and out["ci"] == pytest.approx([0.25, 0.25])
+    # two problems, gains 0 and 1: a resample of two holds both (mean 0.5, probability 1/2), twice the first (0, 1/4)
+    # or twice the second (1, 1/4); the 2.5% and 97.5% quantiles of 4000 draws are 0 and 1
+    out = paired_bootstrap([0.0, 0.0], [0.0, 1.0], n_boot=4000, seed=3)
+    assert out["gain"] == pytest.approx(0.5) and out["ci"] == pytest.approx([0.0, 1.0])
+    # a loss is negative; the order of the pairs does not matter for the gain
+    assert paired_bootstrap([1.0, 0.5], [0.5, 0.5])["gain"] == pytest.approx(-0.25)
+    # the same seed, the same interval
+    a = paired_bootstrap([0.1, 0.4, 0.3, 0.9], [0.2, 0.4, 0.8, 0.6], seed=7)
+    assert a == paired_bootstrap([0.1, 0.4, 0.3, 0.9], [0.2, 0.4, 0.8, 0.6], seed=7)
+    assert a["ci"][0] <= a["gain"] <= a["ci"][1]
+    with pytest.raises(ValueError, match="pair the same problems"):
+        paired_bootstrap([0.1], [0.1, 0.2])
+    with pytest.raises(ValueError, match="no problems"):
+        paired_bootstrap([], [])

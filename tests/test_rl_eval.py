@@ -158,7 +158,7 @@ def test_eval_command_gives_hand_values(assets):
     printed = _eval_command(root, "eval_cmd", {
         "model": base["model"], "data": {"eval_prompt_data": [evalset]}, "reward": {"reward_func": str(reward)},
         "output_path": str(out), "rollout": {"generate_max_len": 5},
-        "eval": {"eval_n_samples_per_prompt": 2, "eval_temperature": 1.0}})
+        "eval": {"eval_n_samples_per_prompt": 2, "eval_temperature": 1.0, "save_samples": True}})
     # groups: good, good (same text, another prompt), bad, fail (no valid sample)
     assert printed["eval/prompts"] == 4 and printed["eval/prompts_no_valid"] == 1
     assert printed["eval/invalid_samples"] == 2 and printed["eval/samples"] == 8
@@ -169,6 +169,15 @@ def test_eval_command_gives_hand_values(assets):
     assert json.loads((out / "eval_metrics.json").read_text())["metrics"] == printed
     [row] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert row == {"step": 0, **printed}
+    # eval.save_samples: every sample, in prompt and sample order, with its reward and correctness
+    saved = [json.loads(x) for x in (out / "eval_samples" / "step_0.jsonl").read_text().splitlines()]
+    assert [(s["prompt_id"], s["sample"]) for s in saved] == [(p, k) for p in range(4) for k in range(2)]
+    assert [s["label"] for s in saved] == ["good"] * 4 + ["bad"] * 2 + ["fail"] * 2
+    assert [s["correct"] for s in saved] == [True] * 4 + [False] * 4
+    assert [s["reward"] for s in saved] == [1.0] * 4 + [0.0] * 2 + [None] * 2
+    assert [s["valid"] for s in saved] == [True] * 6 + [False] * 2
+    assert all(s["prompt"] == ["1+1=", "1+1=", "2+2=", "3+3="][s["prompt_id"]] for s in saved)
+    assert all(isinstance(s["response"], str) for s in saved)
 
 
 @pytest.mark.slow  # about 20 s: the default suite keeps under 12 min

@@ -150,3 +150,34 @@ def dataset_names(specs: Sequence[str]) -> list[str]:
             candidate, i = f"{name}_{i}", i + 1
         out.append(candidate)
     return out
+
+
+def pass_rates(rows: Iterable[dict]) -> dict[Hashable, float]:
+    """Each prompt's fraction of correct samples among its valid ones, from rows with ``prompt_id``, ``valid`` and
+    ``correct`` (``eval.save_samples``); a prompt without a valid sample is left out."""
+    counts: dict[Hashable, list[int]] = {}
+    for r in rows:
+        c = counts.setdefault(r["prompt_id"], [0, 0])
+        if r.get("valid", True):
+            c[0] += bool(r["correct"])
+            c[1] += 1
+    return {p: c / n for p, (c, n) in counts.items() if n}
+
+
+def paired_bootstrap(before: Sequence[float], after: Sequence[float], n_boot: int = 10000, seed: int = 0,
+                     level: float = 0.95) -> dict[str, float | list[float]]:
+    """The mean gain ``after - before`` of paired per-problem values (the same problems, in the same order) and its
+    percentile bootstrap interval: ``n_boot`` resamples of the problems with replacement (seeded), the
+    (1 - level) / 2 and (1 + level) / 2 quantiles of the resampled mean gains.  {"gain", "ci"}."""
+    import numpy as np
+    if len(before) != len(after):
+        raise ValueError(f"paired_bootstrap: {len(before)} values before, {len(after)} after: pair the same problems")
+    if not before:
+        raise ValueError("paired_bootstrap: no problems")
+    if n_boot < 1 or not 0 < level < 1:
+        raise ValueError(f"paired_bootstrap: n_boot must be >= 1 and level in (0, 1), got {n_boot}, {level}")
+    diff = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return {"gain": float(diff.mean()), "ci": [float(lo), float(hi)]}

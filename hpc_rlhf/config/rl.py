@@ -140,6 +140,9 @@ class EvalSamplingConfig:
                                                          "(each with its n samples; null: the rank's whole share)")
     correct_threshold: float = field(1.0, unbounded=True, help="a sample is correct when its reward is >= this "
                                                                "(verifier rewards: 1 right, 0 wrong)")
+    save_samples: bool = field(False, help="write every eval sample (prompt id, sample index, prompt, response, "
+                                           "label, reward, correct, prediction) to save_path/eval_samples/"
+                                           "step_<N>.jsonl (hpc-rlhf eval: output_path)")
 
     def validate(self) -> None:
         if self.eval_n_samples_per_prompt > 1 and self.eval_temperature == 0:

@@ -10,7 +10,9 @@ rank holds every sample.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -77,6 +79,10 @@ class Collector:
                  eval_prompts: list[Prompt]):
         self.r, self.ctx, self.rollout, self.reward = cfg.rollout, ctx, rollout, reward
         self.eval_cfg = cfg.eval
+        # the eval samples' file is written by the first rank that holds their scores (a rank besides rollout)
+        writer = min(r for r in range(ctx.plan.world_size) if ctx.plan.roles_of(r) != ("rollout",))
+        self.samples_dir = (Path(cfg.ckpt.save_path) / "eval_samples"
+                            if cfg.eval.save_samples and ctx.global_rank == writer else None)
         self.schedule, self.eval_prompts = schedule, eval_prompts
         # async_train: the rollout-only ranks generate the next step's samples while the others train
         self.generates_ahead = cfg.train.async_train and ctx.trainers is None
@@ -191,6 +197,8 @@ class Collector:
             report.update({f"eval/{k}": v for k, v in agent_metrics(samples).items()})
             report.update({"eval/samples": float(len(samples)), "time/eval_generate_s": t1 - t0,
                            "time/eval_score_s": time.time() - t1})
+            if self.samples_dir is not None:
+                write_eval_samples(samples, e.correct_threshold, self.samples_dir / f"step_{done}.jsonl")
         report = next(r for r in self.ctx.control.all_gather_object(report) if r is not None)
         return report | {"time/eval_s": time.time() - t0}
 
@@ -207,6 +215,20 @@ class Collector:
         for s in out:
             s.policy_step = self.policy_step
         return out
+
+
+def write_eval_samples(samples: list[Experience], threshold: float, path: Path) -> None:
+    """One JSON row per eval sample, in prompt and sample order (``eval.save_samples``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for s in sorted(samples, key=lambda s: (s.prompt_index, s.sample_index)):
+            f.write(json.dumps({"prompt_id": s.prompt_index, "sample": s.sample_index, "prompt": s.prompt_text,
+                                "response": s.response_text, "label": s.label, "valid": s.reward_valid,
+                                "reward": s.reward if s.reward_valid else None,
+                                "correct": bool(s.reward_valid and s.reward >= threshold),
+                                "prediction": getattr(s, "prediction", None)}, ensure_ascii=False) + "\n")
+    tmp.replace(path)
 
 
 def agent_metrics(samples: list[Experience]) -> dict[str, float]:
