@@ -10,11 +10,11 @@ and temperature 1:
 
 With empty feedback the multi-turn context is the single-turn one cut into K generate calls, so the
 difference is what the executor adds: an engine call (and a prefill of the whole context) per turn, the
-environment's reset and step calls, and the asyncio machinery.  A random model stops early now and then
-(the end-of-text token), so the sides' action-token counts differ a little: the figures are normalised
-per action token (``response_length/mean`` x samples).  Sides alternate over ``--rounds`` rounds; each
-round's figure is the mean over the steps after ``--warmup``; a side's result is the median over rounds.
-Prints one JSON line.
+environment's reset and step calls, and the asyncio machinery.  Equal work: no stop token is sampled before a
+turn's last token (``rollout.min_new_tokens`` = the turn's limit), so every sample of both sides takes exactly
+T action tokens (``action_tokens_per_step`` shows it); the figures are also given per action token.  Sides
+alternate over ``--rounds`` rounds; each round's figure is the mean over the steps after ``--warmup``; a side's
+result is the median over rounds, with every round's value beside it.  Prints one JSON line.
 
     python benchmarks/agent_overhead.py --steps 6 --rounds 3
 """
@@ -76,10 +76,11 @@ def write_configs(root: Path, steps: int, tokens: int, turns: int) -> dict[str, 
             "placement": {"colocate_all": True},
             "log": {"logging_steps": 1, "progress_bar": "off", "use_tensorboard": False}}
     sides = {"single": {"reward": {"reward_func": str(root / "reward.py")},
-                        "rollout": {**base["rollout"], "generate_max_len": tokens}},
+                        "rollout": {**base["rollout"], "generate_max_len": tokens, "min_new_tokens": tokens}},
              "multi": {"reward": {}, "agent": {"agent_func_path": str(root / "env.py"), "max_turns": turns,
                                                "max_context_len": tokens + 32},
-                       "rollout": {**base["rollout"], "generate_max_len": tokens // turns}}}
+                       "rollout": {**base["rollout"], "generate_max_len": tokens // turns,
+                                   "min_new_tokens": tokens // turns}}}
     out = {}
     for name, extra in sides.items():
         cfg = {**base, **extra}
@@ -128,6 +129,8 @@ def main() -> None:
     med = {name: {k: statistics.median(x[k] for x in rounds) for k in rounds[0]} for name, rounds in results.items()}
     out = {"tokens": a.tokens, "turns": a.turns, "steps": a.steps, "warmup": a.warmup, "rounds": a.rounds,
            **{f"{name}_{k}": round(v, 4) for name, m in med.items() for k, v in m.items()},
+           **{f"{name}_step_ms_per_action_token_per_round": [round(x["step_ms_per_action_token"], 4) for x in rounds]
+              for name, rounds in results.items()},
            "overhead_step_per_token": round(med["multi"]["step_ms_per_action_token"]
                                             / med["single"]["step_ms_per_action_token"] - 1, 4),
            "overhead_generate_per_token": round(med["multi"]["generate_ms_per_action_token"]

@@ -2,7 +2,8 @@
 
 Every side: the same random-weight Llama (3.3M parameters: hidden 256, 4 layers, our 260-token
 byte-level tokenizer), one prompt per step with a group of 8 samples, 32 new tokens each (no stop token is
-sampled before the 32nd: ``min_new_tokens`` on both sides, see MAX_NEW_TOKENS) at temperature 1, no reference model (beta 0), one optimisation pass per step, fp32 on CPU, the same
+sampled before the 32nd: ``min_new_tokens`` on both sides, see MAX_NEW_TOKENS) at temperature 1, no reference
+model (beta 0), one optimisation pass per step, fp32 on CPU, the same
 reward function, the same prompts in the same order (each side reads the list in order: TRL with
 shuffle_dataset off, hpc_rlhf with data.shuffle_prompts off) and the same stop tokens (the tokenizer's eos and
 the generation config's: both sides take that set; the JSON lists each side's).  Three sides:
@@ -90,7 +91,8 @@ def run_trl(model: str, steps: int, out: str) -> None:
 
     tok = AutoTokenizer.from_pretrained(model)
     cfg = GRPOConfig(output_dir=str(Path(out).parent / "trl_out"), per_device_train_batch_size=8, num_generations=8,
-                     max_completion_length=MAX_NEW_TOKENS, temperature=1.0, beta=0.0, num_iterations=1, learning_rate=1e-6,
+                     max_completion_length=MAX_NEW_TOKENS, temperature=1.0, beta=0.0, num_iterations=1,
+                     learning_rate=1e-6,
                      max_steps=steps, logging_steps=10 ** 6, save_strategy="no", report_to=[], use_cpu=True,
                      bf16=False, seed=0, dataloader_num_workers=0, gradient_checkpointing=False,
                      shuffle_dataset=False, generation_kwargs={"min_new_tokens": MAX_NEW_TOKENS})
