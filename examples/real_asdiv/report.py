@@ -1,51 +1,91 @@
-"""The real run's report (examples/real_asdiv/run.sh): held-out pass@k from the base model through SFT and GRPO,
-stage times, step times and the split of a GRPO step.  Usage: python report.py OUT_DIR"""
+"""The real run's report (examples/real_asdiv/run.sh): held-out pass@1, pass@8 and maj@8 of every model, each gain
+over the SFT model with its paired 95% interval, the stages' wall times, and samples before and after RL.
+
+The gain of a model over SFT is the mean over the 300 held-out problems of (the model's fraction of correct samples
+on the problem - the SFT model's), both from 8 samples with the same sample seeds; its interval is the percentile
+bootstrap over problems (``hpc_rlhf.algorithms.eval_metrics.paired_bootstrap``, 10,000 resamples).  ``grpo`` is
+the mean of ``grpo_seed1`` and ``grpo_seed2``: its per-problem rate is the mean of the two seeds' rates, its
+pass@8 and maj@8 the mean of theirs.  Writes OUT/summary.json; prints the markdown report.
+
+Usage: python report.py OUT_DIR
+"""
 import json
 import sys
 from pathlib import Path
 
-KEYS = ("eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/pass@8", "eval/maj@8", "eval/reward/answer_found")
+from hpc_rlhf.algorithms.eval_metrics import paired_bootstrap, pass_rates
+
+MODELS = ("base", "sft", "grpo_seed1", "grpo_seed2", "rloo", "ppo")
+NAMES = {"base": "SmolLM2-135M-Instruct as it comes", "sft": "SFT", "grpo_seed1": "GRPO, seed 1",
+         "grpo_seed2": "GRPO, seed 2", "grpo": "GRPO (mean of the two seeds)", "rloo": "RLOO", "ppo": "PPO (critic)"}
+METRICS = ("eval/pass@1", "eval/pass@8", "eval/maj@8")
 
 
-def rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def samples(out: Path, name: str) -> list[dict]:
+    [path] = sorted((out / "heldout" / name / "eval_samples").glob("step_*.jsonl"))
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def mean(xs) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else float("nan")
+def heldout(out: Path) -> tuple[dict, dict]:
+    """({model: its eval metrics}, {model: {problem: pass rate}}) of the models whose held-out eval exists."""
+    metrics, rates = {}, {}
+    for name in MODELS:
+        if (out / "heldout" / name / "eval_metrics.json").is_file():
+            metrics[name] = json.loads((out / "heldout" / name / "eval_metrics.json").read_text())["metrics"]
+            rates[name] = pass_rates(samples(out, name))
+    if "grpo_seed1" in rates and "grpo_seed2" in rates:
+        a, b = rates["grpo_seed1"], rates["grpo_seed2"]
+        rates["grpo"] = {p: (a[p] + b[p]) / 2 for p in a}
+        metrics["grpo"] = {k: (metrics["grpo_seed1"][k] + metrics["grpo_seed2"][k]) / 2 for k in METRICS}
+    return metrics, rates
+
+
+def summary(out: Path) -> dict:
+    metrics, rates = heldout(out)
+    times = json.loads((out / "times.json").read_text()) if (out / "times.json").is_file() else {}
+    times["grpo"] = times.get("grpo_seed1", 0.0) + times.get("grpo_seed2", 0.0) or None
+    table = {}
+    for name in [*MODELS[:4], "grpo", *MODELS[4:]]:
+        if name not in metrics:
+            continue
+        row = {"pass@1": metrics[name]["eval/pass@1"], "pass@8": metrics[name]["eval/pass@8"],
+               "maj@8": metrics[name]["eval/maj@8"], "wall_s": times.get(name)}
+        if "sft" in rates and name != "sft":
+            problems = sorted(rates["sft"])
+            boot = paired_bootstrap([rates["sft"][p] for p in problems], [rates[name][p] for p in problems])
+            row |= {"gain_pass@1": boot["gain"], "gain_ci95": boot["ci"]}
+        table[name] = row
+    return {"heldout": table, "problems": len(rates.get("sft", {})), "times_s": times}
+
+
+def before_after(out: Path, first: str, then: str, count: int = 3) -> list[tuple[dict, dict]]:
+    """Problems the ``first`` model never solved and ``then`` solved in most samples, and the reverse: one sample
+    of each model per problem (``count`` of each kind)."""
+    a, b = ({s["prompt_id"]: s for s in samples(out, m) if s["sample"] == 0} for m in (first, then))
+    ra, rb = pass_rates(samples(out, first)), pass_rates(samples(out, then))
+    gained = [p for p in sorted(ra) if ra[p] == 0 and rb[p] >= 0.5][:count]
+    lost = [p for p in sorted(ra) if ra[p] >= 0.5 and rb[p] == 0][:count]
+    return [(a[p], b[p]) for p in gained + lost]
 
 
 def main(out: Path) -> None:
-    base = json.loads((out / "eval_base" / "eval_metrics.json").read_text())["metrics"]
-    sft = rows(out / "sft" / "metrics.jsonl")
-    grpo = rows(out / "grpo" / "metrics.jsonl")
-    times = json.loads((out / "times.json").read_text())
-    evals = [("base model", base)] + [(f"GRPO step {r['step']}" if r["step"] else "after SFT (GRPO step 0)", r)
-                                      for r in grpo if "eval/pass@1" in r]
-    print("## Held-out eval (200 ASDiv problems x 8 samples, temperature 0.7, 32 new tokens)\n")
-    print("| model | " + " | ".join(KEYS) + " | eval s |")
-    print("|---" * (len(KEYS) + 2) + "|")
-    for name, m in evals:
-        print(f"| {name} | " + " | ".join(f"{m.get(k, float('nan')):.3f}" for k in KEYS)
-              + f" | {m.get('time/eval_s', float('nan')):.0f} |")
-    first, last = base, evals[-1][1]
-    print(f"\npass@1 {first['eval/pass@1']:.3f} -> {last['eval/pass@1']:.3f} "
-          f"({100 * (last['eval/pass@1'] - first['eval/pass@1']):+.1f} points); "
-          f"pass@8 {first['eval/pass@8']:.3f} -> {last['eval/pass@8']:.3f}")
-    total = sum(times.values())
-    print(f"\n## Time: {total / 60:.1f} min in all\n")
-    print("| stage | s |\n|---|---|")
-    for k, v in times.items():
-        print(f"| {k} | {v:.0f} |")
-    print(f"\nSFT: {len(sft)} steps, step time mean {mean(r['step_time_s'] for r in sft):.1f} s, "
-          f"loss {sft[0]['loss']:.3f} -> {sft[-1]['loss']:.3f}")
-    steps = [r for r in grpo if r.get("step", 0) > 0 and "time/step_s" in r]
-    split = ("time/generate_score_s", "time/infer_advantages_s", "time/train_s", "time/weight_sync_s")
-    print(f"GRPO: {len(steps)} steps, step time mean {mean(r['time/step_s'] for r in steps):.1f} s: "
-          + ", ".join(f"{k.split('/')[1][:-2]} {mean(r.get(k, 0.0) for r in steps):.1f} s" for k in split)
-          + f"; reward/mean of the first and last step {steps[0].get('reward/mean', float('nan')):.3f}, "
-            f"{steps[-1].get('reward/mean', float('nan')):.3f}")
+    s = summary(out)
+    (out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
+    table = s["heldout"]
+    print(f"## Held-out ASDiv ({s['problems']} problems x 8 samples, temperature 0.7, 32 new tokens)\n")
+    print("| model | pass@1 | pass@8 | maj@8 | gain in pass@1 over SFT (paired 95% interval) | stage wall time |")
+    print("|---|---|---|---|---|---|")
+    for name, row in table.items():
+        gain = (f"{100 * row['gain_pass@1']:+.1f} points ({100 * row['gain_ci95'][0]:+.1f}, "
+                f"{100 * row['gain_ci95'][1]:+.1f})" if "gain_pass@1" in row else "")
+        wall = f"{row['wall_s'] / 60:.1f} min" if row.get("wall_s") else ""
+        print(f"| {NAMES[name]} | {row['pass@1']:.3f} | {row['pass@8']:.3f} | {row['maj@8']:.3f} | {gain} | {wall} |")
+    for rl in ("grpo_seed1", "rloo", "ppo"):
+        if rl in table and "sft" in table:
+            print(f"\n### Samples: SFT against {NAMES[rl]} (sample 0 of each problem)\n")
+            for x, y in before_after(out, "sft", rl):
+                print(f"- label {x['label']!r}: SFT {x['response']!r} ({'right' if x['correct'] else 'wrong'}); "
+                      f"{NAMES[rl]} {y['response']!r} ({'right' if y['correct'] else 'wrong'})")
 
 
 if __name__ == "__main__":

@@ -1,37 +1,86 @@
 #!/usr/bin/env bash
-# The real run (docs/real_model.md): SmolLM2-135M-Instruct on ASDiv, on CPU.
-#   1. held-out eval of the model as it comes (eval.yaml: 200 problems x 8 samples, pass@1..8, maj@k)
-#   2. SFT on the training rows for which equations.py finds a one-step equation giving the answer (sft.yaml)
-#   3. GRPO from the SFT model with the math verifier's reward (grpo.yaml), whose eval (same problems, same
-#      sampling settings and seeds) runs before the first step, every eval_steps and at the end
-#   4. report.py: the curve, the start and end figures, the step times and where the time goes
-# Usage: bash examples/real_asdiv/run.sh [OUT]   (default runs/real_asdiv; key=value overrides are not taken)
+# The real run (docs/real_model.md): SmolLM2-135M-Instruct on ASDiv, on CPU, from the assets to the report.
+#   split      validation_split.py: 200 of the 2,005 training problems become the validation split (settings are
+#              chosen on it), the other 1,805 train SFT and RL; the 300 held-out problems are evaluated once per
+#              final model
+#   eval_base  held-out eval of the model as it comes (heldout.yaml: all 300 problems x 8 samples, temperature
+#              0.7, 32 new tokens, the same sample seeds for every model; every sample saved)
+#   sft        SFT on the training problems for which equations.py finds a one-step equation (sft.yaml)
+#   eval_sft   the same held-out eval of the SFT model
+#   grpo_seed1, grpo_seed2, rloo, ppo
+#              RL from the SFT model (grpo.yaml with train.seed 1 and 2, rloo.yaml, ppo.yaml), validation pass@1
+#              every log.eval_steps steps, then the held-out eval of the final model; the stage's wall time
+#              counts both
+#   report     report.py: the held-out table with paired 95% intervals of each gain over SFT, summary.json,
+#              the learning curves (hpc-rlhf report), samples before and after
+# Usage: bash examples/real_asdiv/run.sh [OUT] [--stages a,b,...]   (default OUT runs/real_asdiv, every stage;
+#        STAGES=... works too).  SFT_ARGS, RL_ARGS and HELDOUT_ARGS add key=value overrides to every SFT, RL
+#        and held-out eval command (tests/test_real_recipe.py runs a shortened recipe that way).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE="$ROOT/examples/real_asdiv"
-OUT=${1:-runs/real_asdiv}
+OUT=runs/real_asdiv
+ALL=split,eval_base,sft,eval_sft,grpo_seed1,grpo_seed2,rloo,ppo,report
+while [ $# -gt 0 ]; do
+  case $1 in
+    --stages) STAGES=$2; shift 2 ;;
+    --stages=*) STAGES=${1#--stages=}; shift ;;
+    -*) echo "run.sh: unknown option $1 (usage: run.sh [OUT] [--stages $ALL])" >&2; exit 2 ;;
+    *) OUT=$1; shift ;;
+  esac
+done
+STAGES=${STAGES:-$ALL}
+for s in ${STAGES//,/ }; do
+  case ",$ALL," in *",$s,"*) ;; *) echo "run.sh: unknown stage '$s' (choose from $ALL)" >&2; exit 2 ;; esac
+done
 cd "$ROOT"
 bash scripts/real_assets.sh
 PY="$ROOT/.venv/bin/python"
+ASSETS=${HPC_RLHF_ASSETS:-$HOME/.cache/hpc_rlhf/real}
 export HF_HUB_OFFLINE=1
 mkdir -p "$OUT"
-stage() {  # stage NAME command...: run it, record its wall time in $OUT/times.json
+OUT=$(cd "$OUT" && pwd)
+want() { case ",$STAGES," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+stage() {  # stage NAME command...: run it, record its wall time in $OUT/times.json (added to NAME's earlier time)
   local name=$1; shift
   local t0; t0=$(date +%s.%N)
   "$@"
   "$PY" - "$OUT/times.json" "$name" "$t0" <<'PYEOF'
-import json, sys, time, os
+import json, os, sys, time
 path, name, t0 = sys.argv[1], sys.argv[2], float(sys.argv[3])
 times = json.load(open(path)) if os.path.exists(path) else {}
-times[name] = round(time.time() - t0, 1)
+times[name] = round(times.get(name, 0.0) + time.time() - t0, 1)
 json.dump(times, open(path, "w"), indent=1)
 PYEOF
 }
-rm -f "$OUT/times.json"
-stage eval_base "$PY" -m hpc_rlhf.cli eval --config "$HERE/eval.yaml" "output_path=$OUT/eval_base"
-"$PY" "$HERE/equations.py" "${HPC_RLHF_ASSETS:-$HOME/.cache/hpc_rlhf/real}/asdiv/train.jsonl" "$OUT/sft_train.jsonl"
-stage sft "$PY" -m hpc_rlhf.cli train sft --config "$HERE/sft.yaml" "data.dataset=$OUT/sft_train.jsonl" \
-  "ckpt.save_path=$OUT/sft" "ckpt.ckpt_path=$OUT/sft_checkpoints"
-stage grpo "$PY" -m hpc_rlhf.cli train rl --config "$HERE/grpo.yaml" "model.pretrain=$OUT/sft" \
-  "ckpt.save_path=$OUT/grpo" "ckpt.ckpt_path=$OUT/grpo_checkpoints"
-"$PY" "$HERE/report.py" "$OUT" | tee "$OUT/report.md"
+heldout() {  # heldout NAME MODEL: the held-out eval of MODEL into $OUT/heldout/NAME
+  # shellcheck disable=SC2086
+  "$PY" -m hpc_rlhf.cli eval --config "$HERE/heldout.yaml" "model.pretrain=$2" "output_path=$OUT/heldout/$1" \
+    "data.eval_prompt_data=[$ASSETS/asdiv/heldout.jsonl]" ${HELDOUT_ARGS:-}
+}
+rl() {  # rl NAME CONFIG [overrides]: train from the SFT model, then the held-out eval of the final model
+  local name=$1 config=$2; shift 2
+  # shellcheck disable=SC2086
+  "$PY" -m hpc_rlhf.cli train rl --config "$HERE/$config" "model.pretrain=$OUT/sft" \
+    "data.prompt_data=[$OUT/rl_train.jsonl]" "data.eval_prompt_data=[$OUT/validation.jsonl]" \
+    "ckpt.save_path=$OUT/$name" "ckpt.ckpt_path=$OUT/${name}_checkpoints" "$@" ${RL_ARGS:-}
+  heldout "$name" "$OUT/$name"
+}
+if want split; then
+  "$PY" "$HERE/validation_split.py" "$ASSETS/asdiv/train.jsonl" "$OUT/rl_train.jsonl" "$OUT/validation.jsonl"
+  "$PY" "$HERE/equations.py" "$OUT/rl_train.jsonl" "$OUT/sft_train.jsonl"
+fi
+want eval_base && stage eval_base heldout base "$ASSETS/smollm2-135m-instruct"
+# shellcheck disable=SC2086
+want sft && stage sft "$PY" -m hpc_rlhf.cli train sft --config "$HERE/sft.yaml" "data.dataset=$OUT/sft_train.jsonl" \
+  "ckpt.save_path=$OUT/sft" "ckpt.ckpt_path=$OUT/sft_checkpoints" ${SFT_ARGS:-}
+want eval_sft && stage eval_sft heldout sft "$OUT/sft"
+want grpo_seed1 && stage grpo_seed1 rl grpo_seed1 grpo.yaml train.seed=1
+want grpo_seed2 && stage grpo_seed2 rl grpo_seed2 grpo.yaml train.seed=2
+want rloo && stage rloo rl rloo rloo.yaml
+want ppo && stage ppo rl ppo ppo.yaml
+if want report; then
+  "$PY" -m hpc_rlhf.cli report $(for r in grpo_seed1 grpo_seed2 rloo ppo; do [ -d "$OUT/$r" ] && echo "$OUT/$r"; done) \
+    --out "$OUT/report"
+  "$PY" "$HERE/report.py" "$OUT" | tee "$OUT/report.md"
+fi
