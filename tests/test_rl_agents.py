@@ -334,7 +334,8 @@ def _collector_run(scores: dict, rewards: dict) -> tuple[list, dict]:
         return ([rewards[s.uid] for s in shard], [True] * len(shard), {}, [None] * len(shard))
     schedule = SimpleNamespace(draw=lambda step, round_, count: [(round_ * 2 + j, None) for j in range(count)],
                                total_steps=1)
-    collector = Collector(cfg, ctx, SimpleNamespace(generate=generate), SimpleNamespace(score=score), schedule, [])
+    rollout = SimpleNamespace(generate=generate, engine=SimpleNamespace(work_done=dict))
+    collector = Collector(cfg, ctx, rollout, SimpleNamespace(score=score), schedule, [])
     samples, metrics = collector._rounds(0)
     return [s.uid for s in samples], metrics
 

@@ -24,6 +24,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class EvalSample:
@@ -169,7 +171,6 @@ def paired_bootstrap(before: Sequence[float], after: Sequence[float], n_boot: in
     """The mean gain ``after - before`` of paired per-problem values (the same problems, in the same order) and its
     percentile bootstrap interval: ``n_boot`` resamples of the problems with replacement (seeded), the
     (1 - level) / 2 and (1 + level) / 2 quantiles of the resampled mean gains.  {"gain", "ci"}."""
-    import numpy as np
     if len(before) != len(after):
         raise ValueError(f"paired_bootstrap: {len(before)} values before, {len(after)} after: pair the same problems")
     if not before:

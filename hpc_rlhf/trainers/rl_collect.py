@@ -80,9 +80,11 @@ class Collector:
         self.r, self.ctx, self.rollout, self.reward = cfg.rollout, ctx, rollout, reward
         self.eval_cfg = cfg.eval
         # the eval samples' file is written by the first rank that holds their scores (a rank besides rollout)
-        writer = min(r for r in range(ctx.plan.world_size) if ctx.plan.roles_of(r) != ("rollout",))
-        self.samples_dir = (Path(cfg.ckpt.save_path) / "eval_samples"
-                            if cfg.eval.save_samples and ctx.global_rank == writer else None)
+        self.samples_dir = None
+        if cfg.eval.save_samples:
+            writer = min(r for r in range(ctx.plan.world_size) if ctx.plan.roles_of(r) != ("rollout",))
+            if ctx.global_rank == writer:
+                self.samples_dir = Path(cfg.ckpt.save_path) / "eval_samples"
         self.schedule, self.eval_prompts = schedule, eval_prompts
         # async_train: the rollout-only ranks generate the next step's samples while the others train
         self.generates_ahead = cfg.train.async_train and ctx.trainers is None
