@@ -710,6 +710,7 @@ def parse_args(argv=None):
     ap.add_argument("--keep", help="keep configs, child logs, hpc_rlhf's metrics.jsonl, limits.json and rounds.jsonl "
                                    "(each round's summary and step records, written as it ends) in this folder "
                                    "(default: a removed temp folder)")
+    ap.add_argument("--note", help="a line stored in the JSON result as \"note\" (how the run was made)")
     ap.add_argument("--from-keep", metavar="DIR", help="no run: the result of the rounds in DIR/rounds.jsonl with "
                                                        "the limits in DIR/limits.json (a --keep folder of a run that "
                                                        "was cut off), for the same flags")
@@ -772,6 +773,8 @@ def main(argv=None) -> None:
     info = model_info(model, args.dtype)
     result = (from_keep(args, Path(args.from_keep), sides, model, data, lengths, info, skipped) if args.from_keep
               else measure(args, sides, model, data, lengths, info, skipped))
+    if args.note:
+        result["note"] = args.note
     if args.plot and result["sides"]:
         plot(result, args.plot)
         log(f"plot written to {args.plot}")
@@ -900,6 +903,7 @@ def from_keep(args, keep: Path, sides: list[str], model: str, data: Path, length
             raise SystemExit(f"grpo_real_vs_trl: --from-keep {keep}: {name} is missing")
     rounds: dict[str, list[dict]] = {s: [] for s in sides}
     peaks: dict[str, list[dict]] = {s: [] for s in sides}
+    stops = {s: hpc_stop_tokens(model) for s in sides if s != "trl"}
     for n, line in enumerate((keep / "rounds.jsonl").read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -909,9 +913,15 @@ def from_keep(args, keep: Path, sides: list[str], model: str, data: Path, length
                              f"in --sides {','.join(sides)}")
         rounds[row["side"]].append(row["summary"])
         peaks[row["side"]].append(row["peak_rss_bytes"])
+        if row["side"] == "trl" and row["records"]:
+            stops["trl"] = row["records"][0]["stop_token_ids"]
     limits = json.loads((keep / "limits.json").read_text())
-    return assemble(args, model, data, lengths, info, limits, skipped, rounds, peaks, {},
-                    f"rebuilt from {keep} (--from-keep)")
+    # the plans of the configs the rounds ran (kept as DIR/<side>.yaml), as a live run makes them
+    plans = {s: planned_memory(keep / f"{s}.yaml") for s in sides
+             if s != "trl" and args.device == "cpu" and (keep / f"{s}.yaml").is_file()}
+    result = assemble(args, model, data, lengths, info, limits, skipped, rounds, peaks, plans, None, stops)
+    result["rebuilt_from"] = str(keep)
+    return result
 
 
 if __name__ == "__main__":

@@ -186,10 +186,12 @@ def test_targets():
                                    "weight_sync_ge_half_copy": False, "memory_within_20pct": False}
 
 
-def test_a_cut_off_run_is_rebuilt_from_its_kept_rounds(tmp_path):
+def test_a_cut_off_run_is_rebuilt_from_its_kept_rounds(tmp_path, monkeypatch):
     """--from-keep: the rounds that ended (TRL 2, hpc_rlhf 1, async none) give medians, speed-ups over the rounds
-    both sides ran, and a note that it was rebuilt; a side without a round is left out, not reported as 0."""
+    both sides ran, each side's stop tokens (TRL's from its records) and where it was rebuilt from; a side without
+    a round is left out, not reported as 0."""
     import json
+    monkeypatch.setattr(bench, "hpc_stop_tokens", lambda model: [2, 7])
 
     def summary(step_s):
         return {"s_per_step": step_s, "phases": {"generation": step_s - 1, "training": 1.0},
@@ -198,8 +200,8 @@ def test_a_cut_off_run_is_rebuilt_from_its_kept_rounds(tmp_path):
                 "reward_mean": 0.0, "response_length_mean": 12.0}
     rows = [("trl", 0, 12.0), ("hpc_rlhf", 0, 2.0), ("trl", 1, 8.0)]
     (tmp_path / "rounds.jsonl").write_text("".join(
-        json.dumps({"side": s, "round": r, "summary": summary(t), "records": [], "peak_rss_bytes": {"main": 5}})
-        + "\n" for s, r, t in rows))
+        json.dumps({"side": s, "round": r, "summary": summary(t), "peak_rss_bytes": {"main": 5},
+                    "records": [{"stop_token_ids": [2]}] if s == "trl" else []}) + "\n" for s, r, t in rows))
     (tmp_path / "limits.json").write_text(json.dumps({"matmul_flops_bf16": 400.0, "matmul_flops_fp32": 100.0,
                                                       "copy_bytes_per_s": 50.0}))
     args = bench.parse_args(["--sides", "trl,hpc_rlhf,hpc_rlhf_async", "--dtype", "bf16", "--steps", "4",
@@ -213,7 +215,8 @@ def test_a_cut_off_run_is_rebuilt_from_its_kept_rounds(tmp_path):
     assert got["sides"]["hpc_rlhf"]["speedup"] == pytest.approx(5.0)
     assert got["sides"]["hpc_rlhf"]["speedup_per_round"] == [pytest.approx(6.0)]  # round 1 only: 12 / 2
     assert got["targets"]["best_side"] == "hpc_rlhf" and got["targets"]["best_speedup_ge_3.1"] is True
-    assert "--from-keep" in got["stopped"]
+    assert got["rebuilt_from"] == str(tmp_path) and "stopped" not in got
+    assert got["config"]["stop_token_ids"] == {"trl": [2], "hpc_rlhf": [2, 7], "hpc_rlhf_async": [2, 7]}
     (tmp_path / "rounds.jsonl").write_text(json.dumps({"side": "odd", "round": 0, "summary": summary(1.0),
                                                        "records": [], "peak_rss_bytes": {}}) + "\n")
     with pytest.raises(SystemExit, match="line 1: side 'odd'"):

@@ -8,7 +8,8 @@
 #   sft        SFT on the training problems for which equations.py finds a one-step equation (sft.yaml)
 #   eval_sft   the same held-out eval of the SFT model
 #   grpo_seed1, grpo_seed2, rloo, ppo
-#              RL from the SFT model (grpo.yaml with train.seed 1 and 2, rloo.yaml, ppo.yaml), validation pass@1
+#              RL from the SFT model (grpo.yaml with train.seed 1 and 2; the same settings with the rloo and the
+#              gae estimator, PPO's critic starting from the SFT model), validation pass@1
 #              every log.eval_steps steps, then the held-out eval of the final model; the stage's wall time
 #              counts both
 #   report     report.py: the held-out table with paired 95% intervals of each gain over SFT, summary.json,
@@ -77,8 +78,8 @@ want sft && stage sft "$PY" -m hpc_rlhf.cli train sft --config "$HERE/sft.yaml" 
 want eval_sft && stage eval_sft heldout sft "$OUT/sft"
 want grpo_seed1 && stage grpo_seed1 rl grpo_seed1 grpo.yaml train.seed=1
 want grpo_seed2 && stage grpo_seed2 rl grpo_seed2 grpo.yaml train.seed=2
-want rloo && stage rloo rl rloo rloo.yaml
-want ppo && stage ppo rl ppo ppo.yaml
+want rloo && stage rloo rl rloo grpo.yaml algo.advantage_estimator=rloo
+want ppo && stage ppo rl ppo grpo.yaml algo.advantage_estimator=gae
 if want report; then
   "$PY" -m hpc_rlhf.cli report $(for r in grpo_seed1 grpo_seed2 rloo ppo; do [ -d "$OUT/$r" ] && echo "$OUT/$r"; done) \
     --out "$OUT/report"

@@ -14,7 +14,8 @@ Two kinds of group:
   travel pickled as uint8 tensors (sizes first, then one padded all-gather).  A bridge of one rank builds no
   process group: its collectives return at once (objects still come back as copies, as from other ranks).
   Gloo runs a collective in threads of its own, which run a large copy as an OpenMP team of their own; a
-  second team beside the rank's makes libgomp cut every worker's spinning short (docs/performance.md).
+  second team beside the rank's makes libgomp cut every worker's spinning short
+  (docs/runs/perf/*_one_rank_bridge*.json).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ A decode step is thousands of small parallel regions with Python between them.  
 training step, those stretches of Python (allocations in the heap the training step left behind) outlast the
 spin: during the second step's generation about a quarter of the CPU time was idle, and the benchmark's
 hpc_rlhf side (SmolLM2-135M, 8 x 8 samples, 2 threads on 2 cores) generated in 44.7 s a step with libgomp's
-default against 34.0 s with ``ACTIVE`` (docs/performance.md).
+default against 34.0 s with ``ACTIVE`` (single runs: docs/runs/perf/grpo_real_fp32_hpc_alone_zen4_omp_*.json).
 
 With ``ACTIVE`` an idle worker spins until the next region.  That costs nothing when each thread has a core
 of its own, and takes cores from other processes when ranks share them.  So ``load_torch`` sets it only when

@@ -55,11 +55,11 @@ def inverse_cdf_sample(filtered: torch.Tensor, uniforms: torch.Tensor) -> torch.
     probability (``c_V`` is 1 up to rounding).  ``1 - u`` lies in (0, 1], so the target is above 0 and at most
     ``c_V``: a token of probability 0 (filtered out, -inf) is never the first to reach it, wherever it sits in
     the row.  One random number per row and step, where the Gumbel-max trick needs one per vocabulary entry:
-    at 64 rows of a 49,152-token vocabulary on the 2-core CPU of docs/performance.md, 5 ms instead of 52 ms
+    at 64 rows of a 49,152-token vocabulary on a 2-core EPYC, 5 ms instead of 52 ms (single runs)
     with 64 per-row draws.
     """
     # the cast first, then the running sum: the same values as cumsum(dtype=float64), which on the CPU ran 8-20
-    # times slower (64 x 49,152 on the 2-core EPYC of docs/performance.md: 25.5 ms against 1.2 + 1.8)
+    # times slower (64 x 49,152 on a 2-core EPYC: 25.5 ms against 1.2 + 1.8, single runs)
     cdf = torch.softmax(filtered, dim=-1).double().cumsum(dim=-1)
     target = (1.0 - uniforms.to(torch.float64))[:, None] * cdf[:, -1:]
     return torch.searchsorted(cdf, target).squeeze(-1)

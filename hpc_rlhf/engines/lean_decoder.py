@@ -25,19 +25,21 @@ Grouped-query attention (fewer key/value heads than query heads) folds each key/
 into its query rows (``grouped_attention``): equal head counts, without copying the cache.  On CUDA no fused
 kernel takes a mask with ``enable_gqa`` (flash takes no mask, memory-efficient wants equal heads), so
 PyTorch would fall back to its unfused math path; on the CPU the folded call is also faster at decode
-(docs/performance.md).
+(one run each: docs/runs/perf/profile_generation_gqa_before.json, _after.json).
 
 Several samples of one prompt share the prompt's cached keys and values.  On the CPU, ``select_rows`` that
 repeats rows keeps the cache written so far once per distinct row (the shared prefix) and gives each sample a
 cache of its own for the positions after it.  Attention (``split_attention``) then takes the scores of every
 query of a prompt's samples against the prompt's prefix, read once per prompt, and of each row's queries against
 its own positions, under one softmax.  A decode step reads the cache more than it computes on it, and at GRPO's
-8 samples of a 78-token prompt the prefix is most of what is read (docs/performance.md, levers).  Where the
+8 samples of a 78-token prompt the prefix is most of what is read (one run each:
+docs/runs/perf/profile_generation_zen4_before_shared_prefix.json, _shared_prefix.json).  Where the
 prefix is short or the samples few, ``split_attention``'s extra operations cost more than they save, and the
 samples copy it (``prefix_pays``), as they always do on CUDA and in bf16.
 
 On CUDA a decode step launches several hundred small kernels, and launching them from Python takes far longer than
-running them (SmolLM2-135M at batch 64 on an H200: docs/performance.md).  With ``cuda_graphs`` on, ``decode``
+running them (SmolLM2-135M at batch 64 on an H200, one run each:
+docs/runs/perf/grpo_real_cuda_h200_bf16_eager.json, _graphs.json).  With ``cuda_graphs`` on, ``decode``
 captures the step once per batch as a CUDA graph and replays it: the step writes its keys and values at a cache
 slot held in a device tensor and attends over the whole cache (the slots not yet written are masked out), so
 that its shapes and addresses are the same at every step.
@@ -86,7 +88,7 @@ def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
 # key/value heads × head size of them per layer and decode step.  Below that, split_attention's extra operations
 # per layer cost more than the copies' attention reads (a 4-layer toy, fp32, 2 threads: 8 rows of one prompt
 # gained nothing and lost up to 22% up to a 96-token prompt, 172k; 64 rows of 8 prompts lost 2% at 16 tokens,
-# 229k, and gained 10% at 32, 459k; docs/performance.md, first section)
+# 229k, and gained 10% at 32, 459k; single runs, not stored)
 SHARED_PREFIX_MIN_ELEMENTS = 2 ** 18
 
 
@@ -99,7 +101,7 @@ def prefix_pays(rows: list[int], length: int, kv_heads: int, head_dim: int,
 
 
 # oneDNN picks its weight layout for a number of rows; the layout chosen for 64 ran as fast at 1 to 64 rows
-# and at a prefill's 1088 as the one chosen for each (docs/performance.md, levers)
+# and at a prefill's 1088 as the one chosen for each (one run: docs/runs/perf/model_shapes_zen4_onednn.json)
 ONEDNN_ROWS_HINT = 64
 
 
