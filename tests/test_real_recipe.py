@@ -26,8 +26,9 @@ def test_shortened_recipe_writes_its_records_and_the_reward_rises(tmp_path, real
     out = tmp_path / "recipe"
     env = dict(os.environ,
                SFT_ARGS="train.max_steps=8 data.max_samples=128",
-               RL_ARGS=f"train.max_steps={STEPS} data.max_samples=4 rollout.rollout_batch_size=4 "
-                       "train.train_batch_size=32 train.actor_learning_rate=1e-5 data.max_eval_prompts=8 "
+               RL_ARGS=f"train.max_steps={STEPS} train.num_episodes={STEPS} data.max_samples=4 "
+                       "rollout.rollout_batch_size=4 train.train_batch_size=32 train.actor_learning_rate=1e-5 "
+                       "data.max_eval_prompts=8 "
                        "eval.eval_n_samples_per_prompt=2 log.eval_steps=-1",
                HELDOUT_ARGS="data.max_eval_prompts=8")
     proc = subprocess.run(["bash", str(ROOT / "examples" / "real_asdiv" / "run.sh"), str(out),

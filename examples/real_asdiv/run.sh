@@ -57,13 +57,13 @@ PYEOF
 heldout() {  # heldout NAME MODEL: the held-out eval of MODEL into $OUT/heldout/NAME
   # shellcheck disable=SC2086
   "$PY" -m hpc_rlhf.cli eval --config "$HERE/heldout.yaml" "model.pretrain=$2" "output_path=$OUT/heldout/$1" \
-    "data.eval_prompt_data=[$ASSETS/asdiv/heldout.jsonl]" ${HELDOUT_ARGS:-}
+    "data.eval_prompt_data=$ASSETS/asdiv/heldout.jsonl" ${HELDOUT_ARGS:-}
 }
 rl() {  # rl NAME CONFIG [overrides]: train from the SFT model, then the held-out eval of the final model
   local name=$1 config=$2; shift 2
   # shellcheck disable=SC2086
   "$PY" -m hpc_rlhf.cli train rl --config "$HERE/$config" "model.pretrain=$OUT/sft" \
-    "data.prompt_data=[$OUT/rl_train.jsonl]" "data.eval_prompt_data=[$OUT/validation.jsonl]" \
+    "data.prompt_data=$OUT/rl_train.jsonl" "data.eval_prompt_data=$OUT/validation.jsonl" \
     "ckpt.save_path=$OUT/$name" "ckpt.ckpt_path=$OUT/${name}_checkpoints" "$@" ${RL_ARGS:-}
   heldout "$name" "$OUT/$name"
 }
