@@ -43,6 +43,10 @@ def heldout(out: Path) -> tuple[dict, dict]:
 def summary(out: Path) -> dict:
     metrics, rates = heldout(out)
     times = json.loads((out / "times.json").read_text()) if (out / "times.json").is_file() else {}
+    # a model's wall time: the stages that made and evaluated it (base: its eval; SFT: training and eval)
+    times["base"] = times.get("eval_base")
+    if "sft" in times:
+        times["sft"] = times["sft"] + times.get("eval_sft", 0.0)
     seeds = [times[k] for k in ("grpo_seed1", "grpo_seed2") if k in times]
     times["grpo"] = sum(seeds) / len(seeds) if seeds else None  # a GRPO run's wall time: the mean of the seeds'
     table = {}
