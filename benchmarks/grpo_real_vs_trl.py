@@ -800,7 +800,8 @@ def measure(args, sides: list[str], model: str, data: Path, lengths: list[int], 
     root.mkdir(parents=True, exist_ok=True)
     (root / "limits.json").write_text(json.dumps(limits))
     plans: dict[str, dict] = {}
-    stops = {s: hpc_stop_tokens(model) for s in sides if s != "trl"}  # TRL's: its trainer's, from its records
+    ours = hpc_stop_tokens(model)
+    stops = {s: ours for s in sides if s != "trl"}  # TRL's: its trainer's, from its records
     stopped, where = None, "before the first round"
     signal.signal(signal.SIGTERM, _stop)  # a time limit's signal ends the run with the rounds finished so far
     try:
@@ -903,7 +904,8 @@ def from_keep(args, keep: Path, sides: list[str], model: str, data: Path, length
             raise SystemExit(f"grpo_real_vs_trl: --from-keep {keep}: {name} is missing")
     rounds: dict[str, list[dict]] = {s: [] for s in sides}
     peaks: dict[str, list[dict]] = {s: [] for s in sides}
-    stops = {s: hpc_stop_tokens(model) for s in sides if s != "trl"}
+    ours = hpc_stop_tokens(model)
+    stops = {s: ours for s in sides if s != "trl"}
     for n, line in enumerate((keep / "rounds.jsonl").read_text().splitlines(), 1):
         if not line.strip():
             continue

@@ -43,18 +43,18 @@ def heldout(out: Path) -> tuple[dict, dict]:
 def summary(out: Path) -> dict:
     metrics, rates = heldout(out)
     times = json.loads((out / "times.json").read_text()) if (out / "times.json").is_file() else {}
-    # a model's wall time: the stages that made and evaluated it (base: its eval; SFT: training and eval)
-    times["base"] = times.get("eval_base")
-    if "sft" in times:
-        times["sft"] = times["sft"] + times.get("eval_sft", 0.0)
+    # a model's wall time: the stages that made and evaluated it (base: its eval; SFT: training and eval; an RL
+    # stage holds both; GRPO: the mean of its seeds'); times_s keeps each stage's own time
     seeds = [times[k] for k in ("grpo_seed1", "grpo_seed2") if k in times]
-    times["grpo"] = sum(seeds) / len(seeds) if seeds else None  # a GRPO run's wall time: the mean of the seeds'
+    wall = {**times, "base": times.get("eval_base"),
+            "sft": times["sft"] + times.get("eval_sft", 0.0) if "sft" in times else None,
+            "grpo": sum(seeds) / len(seeds) if seeds else None}
     table = {}
     for name in [*MODELS[:4], "grpo", *MODELS[4:]]:
         if name not in metrics:
             continue
         row = {"pass@1": metrics[name]["eval/pass@1"], "pass@8": metrics[name]["eval/pass@8"],
-               "maj@8": metrics[name]["eval/maj@8"], "wall_s": times.get(name)}
+               "maj@8": metrics[name]["eval/maj@8"], "wall_s": wall.get(name)}
         if "sft" in rates and name != "sft":
             problems = sorted(rates["sft"])
             boot = paired_bootstrap([rates["sft"][p] for p in problems], [rates[name][p] for p in problems])
