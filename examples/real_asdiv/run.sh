@@ -8,8 +8,8 @@
 #   sft        SFT on the training problems for which equations.py finds a one-step equation (sft.yaml)
 #   eval_sft   the same held-out eval of the SFT model
 #   grpo_seed1, grpo_seed2, rloo, ppo
-#              RL from the SFT model (grpo.yaml with train.seed 1 and 2; the same settings with the rloo and the
-#              gae estimator, PPO's critic starting from the SFT model), validation pass@1
+#              RL from the SFT model on the SFT problems (grpo.yaml with train.seed 1 and 2; the same settings with
+#              the rloo and the gae estimator, PPO's critic starting from the SFT model), validation pass@1
 #              every log.eval_steps steps, then the held-out eval of the final model; the stage's wall time
 #              counts both
 #   report     report.py: the held-out table with paired 95% intervals of each gain over SFT, summary.json,
@@ -63,7 +63,7 @@ rl() {  # rl NAME CONFIG [overrides]: train from the SFT model, then the held-ou
   local name=$1 config=$2; shift 2
   # shellcheck disable=SC2086
   "$PY" -m hpc_rlhf.cli train rl --config "$HERE/$config" "model.pretrain=$OUT/sft" \
-    "data.prompt_data=$OUT/rl_train.jsonl" "data.eval_prompt_data=$OUT/validation.jsonl" \
+    "data.prompt_data=$OUT/sft_train.jsonl" "data.eval_prompt_data=$OUT/validation.jsonl" \
     "ckpt.save_path=$OUT/$name" "ckpt.ckpt_path=$OUT/${name}_checkpoints" "$@" ${RL_ARGS:-}
   heldout "$name" "$OUT/$name"
 }

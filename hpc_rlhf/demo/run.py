@@ -149,13 +149,14 @@ ENV_FILE = Path(__file__).with_name("addition_env.py")
 RETRY_SFT = {"train_batch_size": 32, "max_epochs": 1, "learning_rate": 3e-4, "lr_warmup_ratio": 0.05,
              "min_lr_ratio": 0.1}
 # Phase 1 (the retry): the first answer is the greedy one (rollout top_k 1; the environment opens the second
-# try's sampling), so the samples of a prompt share their first answer and GRPO compares second tries only;
-# groups whose rewards are all equal (a right first answer, or eight misses) are dropped.  The KL to the start
-# model keeps the untrained first try in place.
-RETRY_PHASE = {"algo": {"advantage_estimator": "group_norm", "loss_agg_mode": "token_mean", "init_kl_coef": 0.05,
+# try's sampling), so the samples of a prompt share their first answer and GRPO compares second tries only.  What
+# the second try learns spreads to the first through the shared weights; the KL to the start model on every
+# group, the ones with a right first answer included (no dynamic filtering), holds the first try in place (with a
+# KL coefficient of 0.05 and the right-first groups filtered out, the first try fell from 0.47 to 0.33 on the
+# validation sums of seed 1; with 1.0 and every group kept it stays within 0.03 on seeds 1-3).
+RETRY_PHASE = {"algo": {"advantage_estimator": "group_norm", "loss_agg_mode": "token_mean", "init_kl_coef": 1.0,
                         "kl_estimator": "k3"},
-               "rollout": {"n_samples_per_prompt": 8, "rollout_batch_size": 16, "top_k": 1,
-                           "dynamic_filtering": True},
+               "rollout": {"n_samples_per_prompt": 8, "rollout_batch_size": 16, "top_k": 1},
                "train": {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 2e-4,
                          "max_steps": 80}}
 # Phase 2 (both tries): PPO with a critic; each answer's reward on its last token, GAE without discount
