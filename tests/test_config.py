@@ -21,6 +21,18 @@ def test_yaml_then_overrides(tmp_path):
     assert cfg.data.dataset == ["a.jsonl", "b.jsonl"] and cfg.data.dataset_probs == [0.3, 0.7]
 
 
+@pytest.mark.parametrize("value,expected", [
+    ("a.jsonl,b.jsonl", ["a.jsonl", "b.jsonl"]),
+    ("[a.jsonl, b.jsonl]", ["a.jsonl", "b.jsonl"]),  # the YAML flow form, as in a config file
+    ("['a.jsonl','b.jsonl']", ["a.jsonl", "b.jsonl"]),
+    ("[a.jsonl]", ["a.jsonl"]),
+])
+def test_list_overrides_comma_or_bracketed(value, expected):
+    cfg = load_config(SFTConfig, None, ["pretrain=m", f"dataset={value}", "dataset_probs=[1.0]" if len(expected) == 1
+                                        else "dataset_probs=[0.25, 0.75]"])
+    assert cfg.data.dataset == expected and sum(cfg.data.dataset_probs) == 1.0
+
+
 def test_flat_yaml_keys_resolve_to_sections(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("pretrain: m\ndataset: a.jsonl\nmicro_train_batch_size: 2\n")

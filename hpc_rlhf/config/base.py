@@ -178,8 +178,11 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}: {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
     if origin is list:
         (inner,) = get_args(tp)
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()] if value.strip() else []
+        if isinstance(value, str):  # "a,b", or the YAML flow form "[a, b]" a config file would use
+            text = value.strip()
+            if text.startswith("[") and text.endswith("]"):
+                text = text[1:-1]
+            value = [v.strip().strip("'\"") for v in text.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             value = [value]
         return [coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
