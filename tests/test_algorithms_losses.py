@@ -163,6 +163,26 @@ def test_entropy_from_logits():
     assert torch.isfinite(logits.grad).all()
 
 
+def test_entropy_is_logged_without_a_bonus_only_when_asked():
+    """algo.log_entropy: actor/entropy is the token mean of the entropy over the mask (ln 4 and 0 on the two
+    action tokens: ln 2; the padded 7 does not count), and the loss is the same as without it, with no gradient
+    through the entropy."""
+    from hpc_rlhf.algorithms.rl_algorithm import RLAlgorithm
+    from hpc_rlhf.config.rl import AlgoConfig
+    logp = torch.tensor([[-1.0, -0.5, -2.0]], requires_grad=True)
+    old, adv, mask = logp.detach().clone(), torch.tensor([[1.0, -1.0, 3.0]]), torch.tensor([[1.0, 1, 0]])
+    ent = torch.tensor([[L(4), 0.0, 7.0]], requires_grad=True)
+    losses = {}
+    for flag in (False, True):
+        algo = RLAlgorithm(AlgoConfig(log_entropy=flag), single_update=True)
+        losses[flag], metrics = algo.actor_token_loss(logp, old, old, None, adv, mask, lambda: ent)
+        assert ("entropy" in metrics) is flag
+    assert metrics["entropy"].item() == pytest.approx(L(2), abs=1e-6)
+    assert torch.equal(losses[True], losses[False])
+    losses[True].sum().backward()
+    assert ent.grad is None and logp.grad is not None
+
+
 # ------------------------------------------------------------------ KL
 
 def test_kl_estimators_hand_values():

@@ -359,7 +359,7 @@ def test_report_of_a_resumed_run_a_run_without_eval_and_an_sft_run(tmp_path):
     inline = re.findall(r"src='data:image/png;base64,([^']+)'", page)
     assert [base64.b64decode(x) for x in inline] == [(out / n).read_bytes() for n in names]
     assert not re.search(r"src=['\"](?!data:)", page) and "<link" not in page
-    assert "policy entropy (logged when algo.entropy_loss_coef &gt; 0)" in page
+    assert "policy entropy (logged when algo.entropy_loss_coef &gt; 0 or algo.log_entropy)" in page
     assert "(set aside, not shown): metrics.old-1.jsonl</li>" in page and "time in evals: 2.0 s</li>" in page
 
     grpo, rloo, sft = rep.summaries

@@ -101,6 +101,9 @@ class RLAlgorithm:
             ent = entropy() * mask
             token_loss = token_loss - a.entropy_loss_coef * ent
             metrics["entropy"] = _token_mean(ent, mask)
+        elif a.log_entropy:
+            with torch.no_grad():
+                metrics["entropy"] = _token_mean(entropy() * mask, mask)
         return token_loss, metrics
 
     def actor_loss(self, token_loss: Tensor, mask: Tensor, norm: StepNorm) -> Tensor:

@@ -191,6 +191,8 @@ class AlgoConfig:
     dual_clip: float | None = field(None, gt=1, help="dual-clip constant c > 1 for negative advantages")
     value_clip: float | None = field(0.5, gt=0, help="value clip range (null: unclipped)")
     entropy_loss_coef: float = field(0.0, ge=0, help="entropy bonus coefficient")
+    log_entropy: bool = field(False, help="log the policy's entropy on the training samples (actor/entropy) without "
+                                          "an entropy bonus too (one more pass over the vocabulary per token)")
     init_kl_coef: float = field(0.0, ge=0, help="KL coefficient (0: no reference model)")
     kl_estimator: str = field("k1", registry=KL_ESTIMATORS, help="KL estimator (k3 is usual in the loss)")
     use_kl_loss: bool | None = field(None, help="KL in the loss (true) or in the reward (false); default: "

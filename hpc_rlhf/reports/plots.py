@@ -137,7 +137,7 @@ def charts(runs: list[Run]) -> list[Chart]:
               (Panel("actor/loss", "Actor (policy) loss", "loss per token"),
                Panel("critic/loss", "Critic (value) loss", "loss per token"))),
         Chart("entropy", "Entropy of the policy on the training samples (`actor/entropy`; logged when "
-                         "algo.entropy_loss_coef > 0).",
+                         "algo.entropy_loss_coef > 0 or algo.log_entropy is set).",
               (Panel("actor/entropy", "Policy entropy", "entropy (nats per token)", from_zero=True),)),
         Chart("response", "Response length and the share of responses cut by the length limit "
                           "(`response_length/mean`, `response_length/truncated`).",

@@ -93,7 +93,7 @@ SWEEP_TABLE_TEXT = ("Per point and metric: the final value (last logged) and the
 
 MISSING_TEXT = {"eval": "eval metrics (no eval ran: RL needs data.eval_prompt_data, the offline trainers an "
                         "eval split)",
-                "entropy": "policy entropy (logged when algo.entropy_loss_coef > 0)",
+                "entropy": "policy entropy (logged when algo.entropy_loss_coef > 0 or algo.log_entropy)",
                 "losses": "actor and critic losses", "kl": "KL", "reward": "reward",
                 "response": "response lengths", STEP_TIME: "step time by phase (RL runs only)",
                 STEP_SHARE: "step time shares (RL runs only)", "loss": "training loss (offline trainers)",
