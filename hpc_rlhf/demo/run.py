@@ -245,10 +245,10 @@ def multiturn_stage(ctx: DemoContext) -> dict:
     t1 = time.time()
     grpo = multiturn_run(ctx, "multiturn_grpo", start, GRPO_PHASE, eval_at_start=True)
     t2 = time.time()
-    both = multiturn_run(ctx, "multiturn", ctx.out / "multiturn_grpo", PPO_PHASE, eval_at_start=False)
+    ppo = multiturn_run(ctx, "multiturn", ctx.out / "multiturn_grpo", PPO_PHASE, eval_at_start=False)
     ctx.models["multiturn"] = ctx.out / "multiturn"
-    evals = [m for m in grpo + both if "eval/agent/final_correct" in m]
-    rewards = [m["reward/mean"] for m in both if "reward/mean" in m]
+    evals = [m for m in grpo + ppo if "eval/agent/final_correct" in m]
+    rewards = [m["reward/mean"] for m in ppo if "reward/mean" in m]
     k = max(1, len(rewards) // 5)
 
     def heldout(model_dir: Path) -> dict:
@@ -259,7 +259,7 @@ def multiturn_stage(ctx: DemoContext) -> dict:
                   **two_turn_figures(evals[-1], n)}
     return {"sft": heldout(ctx.models["sft"]), "retry_sft": heldout(start),
             "after_grpo_phase": heldout(ctx.out / "multiturn_grpo"), **heldout(ctx.models["multiturn"]),
-            "validation": validation, "steps": [grpo[-1]["step"], both[-1]["step"]],
+            "validation": validation, "steps": [grpo[-1]["step"], ppo[-1]["step"]],
             "reward_mean_first": round(sum(rewards[:k]) / k, 4), "reward_mean_last": round(sum(rewards[-k:]) / k, 4),
             "retry_sft_seconds": round(t1 - t0, 1), "grpo_phase_seconds": round(t2 - t1, 1),
             "seconds": round(time.time() - t0, 1)}
