@@ -7,21 +7,23 @@
 #              0.7, 32 new tokens, the same sample seeds for every model; every sample saved)
 #   sft        SFT on the training problems for which equations.py finds a one-step equation (sft.yaml)
 #   eval_sft   the same held-out eval of the SFT model
+#   curriculum the SFT model's pass rate on each SFT problem (8 samples at the rollout temperature, 1.0), then
+#              curriculum.py keeps the problems it solves sometimes (0 < pass rate < 1): RL's prompts
 #   grpo_seed1, grpo_seed2, rloo, ppo
-#              RL from the SFT model on the SFT problems (grpo.yaml with train.seed 1 and 2; the same settings with
+#              RL from the SFT model on the curriculum's problems (grpo.yaml with train.seed 1 and 2; the same settings with
 #              the rloo and the gae estimator, PPO's critic starting from the SFT model), validation pass@1
 #              every log.eval_steps steps, then the held-out eval of the final model; the stage's wall time
 #              counts both
 #   report     report.py: the held-out table with paired 95% intervals of each gain over SFT, summary.json,
 #              the learning curves (hpc-rlhf report), samples before and after
 # Usage: bash examples/real_asdiv/run.sh [OUT] [--stages a,b,...]   (default OUT runs/real_asdiv, every stage;
-#        STAGES=... works too).  SFT_ARGS, RL_ARGS and HELDOUT_ARGS add key=value overrides to every SFT, RL
-#        and held-out eval command (tests/test_real_recipe.py runs a shortened recipe that way).
+#        STAGES=... works too).  SFT_ARGS, CURRICULUM_ARGS, RL_ARGS and HELDOUT_ARGS add key=value overrides to
+#        the SFT, the curriculum's eval, every RL and every held-out eval command (tests/test_real_recipe.py runs a shortened recipe that way).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE="$ROOT/examples/real_asdiv"
 OUT=runs/real_asdiv
-ALL=split,eval_base,sft,eval_sft,grpo_seed1,grpo_seed2,rloo,ppo,report
+ALL=split,eval_base,sft,eval_sft,curriculum,grpo_seed1,grpo_seed2,rloo,ppo,report
 while [ $# -gt 0 ]; do
   case $1 in
     --stages) STAGES=$2; shift 2 ;;
@@ -61,9 +63,10 @@ heldout() {  # heldout NAME MODEL: the held-out eval of MODEL into $OUT/heldout/
 }
 rl() {  # rl NAME CONFIG [overrides]: train from the SFT model, then the held-out eval of the final model
   local name=$1 config=$2; shift 2
+  [ -s "$OUT/curriculum.jsonl" ] || { echo "run.sh: $OUT/curriculum.jsonl is missing: run the curriculum stage first" >&2; exit 2; }
   # shellcheck disable=SC2086
   "$PY" -m hpc_rlhf.cli train rl --config "$HERE/$config" "model.pretrain=$OUT/sft" \
-    "data.prompt_data=$OUT/sft_train.jsonl" "data.eval_prompt_data=$OUT/validation.jsonl" \
+    "data.prompt_data=$OUT/curriculum.jsonl" "data.eval_prompt_data=$OUT/validation.jsonl" \
     "ckpt.save_path=$OUT/$name" "ckpt.ckpt_path=$OUT/${name}_checkpoints" "$@" ${RL_ARGS:-}
   heldout "$name" "$OUT/$name"
 }
@@ -76,6 +79,14 @@ want eval_base && stage eval_base heldout base "$ASSETS/smollm2-135m-instruct"
 want sft && stage sft "$PY" -m hpc_rlhf.cli train sft --config "$HERE/sft.yaml" "data.dataset=$OUT/sft_train.jsonl" \
   "ckpt.save_path=$OUT/sft" "ckpt.ckpt_path=$OUT/sft_checkpoints" ${SFT_ARGS:-}
 want eval_sft && stage eval_sft heldout sft "$OUT/sft"
+curriculum() {
+  # shellcheck disable=SC2086
+  "$PY" -m hpc_rlhf.cli eval --config "$HERE/heldout.yaml" "model.pretrain=$OUT/sft" "output_path=$OUT/sft_pass_rates" \
+    "data.eval_prompt_data=$OUT/sft_train.jsonl" eval.eval_temperature=1.0 ${CURRICULUM_ARGS:-}
+  "$PY" "$HERE/curriculum.py" "$OUT/sft_train.jsonl" "$OUT"/sft_pass_rates/eval_samples/step_*.jsonl \
+    "$OUT/curriculum.jsonl" --summary "$OUT/curriculum_summary.json"
+}
+want curriculum && stage curriculum curriculum
 want grpo_seed1 && stage grpo_seed1 rl grpo_seed1 grpo.yaml train.seed=1
 want grpo_seed2 && stage grpo_seed2 rl grpo_seed2 grpo.yaml train.seed=2
 want rloo && stage rloo rl rloo grpo.yaml algo.advantage_estimator=rloo
