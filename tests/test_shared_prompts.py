@@ -180,3 +180,69 @@ def test_sharing_pays_from_the_positions_it_saves():
     assert saved_positions(eight) == 49  # the toy benchmark's step: 8 samples of a 7-token prompt
     from hpc_rlhf.config.rl import RLTrainConfig
     assert RLTrainConfig().share_prompts_min_positions == 128 and not worth_sharing(eight, 128)
+
+
+@pytest.fixture(scope="module")
+def critic_model(tmp_path_factory):
+    from hpc_rlhf.roles.critic import load_value_model
+    path = build_tiny_model(tmp_path_factory.mktemp("shared_values"), hidden_size=32, num_layers=2, num_heads=4,
+                            num_kv_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = load_value_model(str(path), "fp32")
+    torch.nn.init.normal_(model.score.weight, std=0.5)  # a score head that tells positions apart
+    return model
+
+
+def test_token_values_are_the_score_head_at_the_positions_that_predict_the_response(critic_model):
+    """V at response position j is the score head on the hidden state of the position before response token j
+    (the prompt's last position for j = 0): computed here from the base model's hidden states by hand, zero at
+    feedback tokens and padding."""
+    from hpc_rlhf.roles.critic import token_values
+    xs = group_samples()
+    batch = collate(xs, 0)
+    got = token_values(critic_model, batch)
+    for b, s in enumerate(xs):
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        with torch.no_grad():
+            hidden = critic_model.base_model(input_ids=ids).last_hidden_state[0]
+            v = critic_model.score(hidden).squeeze(-1)
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        want = torch.zeros(got.size(1))
+        want[:R] = v[P - 1:P - 1 + R] * torch.tensor(s.action_mask or [1] * R, dtype=torch.float32)
+        torch.testing.assert_close(got[b].detach(), want, rtol=0, atol=1e-5)
+
+
+def test_the_critic_shares_its_prompt_pass_with_the_same_values_and_gradient(critic_model):
+    """The critic's value model through SharedPrompts (``ValueHeadModel``: the score head as the output head):
+    each micro-batch's values equal the padded batches', and the gradient of a value loss over the micro-batches,
+    the last adding the closing term, equals the padded batches' (without the term it differs)."""
+    from hpc_rlhf.roles.critic import ValueHeadModel, spread_values, token_values
+    model = ValueHeadModel(critic_model)
+    assert supports(model) is None
+    xs = group_samples()
+    [step] = optimizer_steps(xs, 9, 3, 1, 0, 0, "cpu", 0, responses_only=True)
+
+    def grads(shared: bool, closing: bool = True):
+        critic_model.zero_grad()
+        values, sp = [], SharedPrompts(model, xs, len(step), 0, "cpu") if shared else None
+        for part, batch in step:
+            v = spread_values(sp.logits(part, batch), batch) if shared else token_values(critic_model, batch)
+            target = torch.arange(1.0, v.size(1) + 1) / 10
+            loss = ((v - target) ** 2 * batch.mask).sum()
+            (loss + (sp.closing() if shared and closing else 0.0)).backward()
+            values.append(v.detach())
+        return values, [p.grad.clone() for p in critic_model.parameters()]
+    want_v, want_g = grads(False)
+    got_v, got_g = grads(True)
+    for a, b in zip(got_v, want_v):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+    def off(gs):  # the largest difference from the padded gradient, relative to that tensor's largest entry
+        return max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(gs, want_g))
+    assert off(got_g) < 1e-4
+    assert off(grads(True, closing=False)[1]) > 1e-2
+    critic_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        assert "gradient checkpointing" in supports(model)
+    finally:
+        critic_model.gradient_checkpointing_disable()

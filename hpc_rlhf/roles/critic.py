@@ -1,6 +1,9 @@
 """The critic: a value head on a transformer (loadable as AutoModelForSequenceClassification)."""
 from __future__ import annotations
 
+from functools import partial
+from types import SimpleNamespace
+
 import torch
 from transformers import AutoModelForSequenceClassification
 
@@ -8,7 +11,8 @@ from ..algorithms.rl_algorithm import RLAlgorithm
 from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import resolve_pretrained
-from .experience import Experience, RLBatch, gather_positions, padded
+from .experience import Experience, RLBatch, padded, response_logits
+from .shared_prompts import SharedPrompts, outputs_per_sample, sharing, worth_sharing
 from .training import combine, optimizer_steps, per_sample, positions_trained, run_optimizer_step, summed_positions
 
 
@@ -22,13 +26,42 @@ def load_value_model(path: str, dtype: str, gradient_checkpointing: bool = False
     return model
 
 
+class ValueHeadModel(torch.nn.Module):
+    """A value model seen as a causal LM whose output head is its score head: ``response_logits`` and
+    ``SharedPrompts`` run it as they run the actor, so the score head sees only the picked positions and a step's
+    distinct prompts can run once for all of their samples."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.train(model.training)
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        m = self.model
+        return (m.is_activation_checkpointing if hasattr(m, "is_activation_checkpointing")
+                else getattr(m, "is_gradient_checkpointing", False))
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return getattr(self.model, "score", None) or getattr(self.model, "classifier")
+
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=False):
+        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    past_key_values=past_key_values, use_cache=use_cache)
+        return SimpleNamespace(logits=self.get_output_embeddings()(out.last_hidden_state),
+                               past_key_values=out.past_key_values)
+
+
+def spread_values(out: torch.Tensor, batch: RLBatch) -> torch.Tensor:
+    """The score head's outputs at the picked positions [N, 1] -> V at each response position [B, R]."""
+    return batch.spread(out.squeeze(-1).float()) * batch.mask
+
+
 def token_values(model: torch.nn.Module, batch: RLBatch) -> torch.Tensor:
-    """V at each response position [B, R]: the score head applied to every hidden state."""
-    hidden = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                              position_ids=batch.position_ids, use_cache=False).last_hidden_state
-    head = getattr(model, "score", None) or getattr(model, "classifier")
-    values = head(hidden).squeeze(-1).float()
-    return gather_positions(values, batch) * batch.mask
+    """V at each response position [B, R]: the score head applied to the hidden states that predict the
+    response tokens."""
+    return spread_values(response_logits(ValueHeadModel(model), batch), batch)
 
 
 class Critic:
@@ -39,24 +72,35 @@ class Critic:
         model = load_value_model(path, cfg.model.param_dtype, cfg.model.gradient_checkpointing)
         self.engine = build_engine(model, cfg.train, cfg.train.critic_learning_rate,
                                    cfg.model.param_dtype, total_optimizer_steps, world_size)
+        self.value_model = ValueHeadModel(self.engine.module)
+        self.share_prompts = sharing(self.value_model, cfg.train.share_prompts, "critic", cfg.train.zero_stage)
 
     def values(self, samples: list[Experience]) -> list[list[float]]:
-        return per_sample(self.engine, samples, self.cfg.train.micro_train_batch_size, self.pad_id, self.device,
-                          lambda _part, batch: token_values(self.engine.module, batch))
+        t = self.cfg.train
+        return outputs_per_sample(self.value_model, samples, t.micro_train_batch_size, self.pad_id, self.device,
+                                  self.share_prompts, t.share_prompts_min_positions, spread_values)
 
-    def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm):
-        v = token_values(self.engine.module, batch)
+    def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm, shared: SharedPrompts | None = None):
+        out = shared.logits(samples, batch) if shared else response_logits(self.value_model, batch)
+        v = spread_values(out, batch)
         R = batch.mask.size(1)
         old = padded([s.values for s in samples], R).to(v.device)
         ret = padded([s.returns for s in samples], R).to(v.device)
-        return self.algo.critic_loss(v, old, ret, batch.mask, norm)
+        loss, metrics = self.algo.critic_loss(v, old, ret, batch.mask, norm)
+        return (loss + shared.closing() if shared else loss), metrics
 
     def train(self, samples: list[Experience], step: int) -> dict[str, float]:
         t = self.cfg.train
-        steps = optimizer_steps(samples, t.train_batch_size // self.world_size, t.micro_train_batch_size,
-                                t.max_epochs, t.seed + step + 7, self.pad_id, self.device,
-                                t.micro_batch_overhead_tokens)
-        history = [run_optimizer_step(self.engine, micro, self._micro_loss, self.world_size, None) for micro in steps]
-        positions = sum(positions_trained([s for part, _ in micro for s in part]) for micro in steps)
+        share = self.share_prompts and worth_sharing(samples, t.share_prompts_min_positions, t.micro_train_batch_size)
+        history, positions = [], 0
+        for micro in optimizer_steps(samples, t.train_batch_size // self.world_size, t.micro_train_batch_size,
+                                     t.max_epochs, t.seed + step + 7, self.pad_id, self.device,
+                                     t.micro_batch_overhead_tokens, share):
+            step_samples = [s for part, _ in micro for s in part]
+            shared = (SharedPrompts(self.value_model, step_samples, len(micro), self.pad_id, self.device) if share
+                      else None)
+            history.append(run_optimizer_step(self.engine, micro, partial(self._micro_loss, shared=shared),
+                                              self.world_size, None))
+            positions += positions_trained(step_samples, share)
         return {f"critic/{k}": v for k, v in combine(history).items()} | {
             "critic/positions_trained": summed_positions(positions)}
