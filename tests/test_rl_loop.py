@@ -17,8 +17,9 @@ def assets(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ppo_run(assets):
-    """PPO with a critic and a KL reference on three worlds: actor+reference, critic+reward, rollout; the prompts
-    in the file's order, the actor's and the critic's prompt passes shared (``test_work_counters_match_a_hand_count``)."""
+    """PPO with a critic and a KL reference on three worlds: actor+reference, critic+reward, rollout; the
+    prompts in the file's order, the actor's and the critic's prompt passes shared
+    (``test_work_counters_match_a_hand_count``)."""
     root, base = assets
     cfg = merged(base, algo={"advantage_estimator": "gae", "init_kl_coef": 0.05},
                  placement={"colocate_actor_ref": True, "colocate_critic_reward": True},

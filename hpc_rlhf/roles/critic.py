@@ -13,7 +13,7 @@ from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import resolve_pretrained
 from .experience import Experience, RLBatch, padded, response_logits
 from .shared_prompts import SharedPrompts, outputs_per_sample, sharing, worth_sharing
-from .training import combine, optimizer_steps, per_sample, positions_trained, run_optimizer_step, summed_positions
+from .training import combine, optimizer_steps, positions_trained, run_optimizer_step, summed_positions
 
 
 def load_value_model(path: str, dtype: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
