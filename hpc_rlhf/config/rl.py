@@ -234,12 +234,12 @@ class RLTrainConfig(OptimizerConfig):
                       "gradient; 64 suits SmolLM2-135M on a CPU: docs/performance.md)")
     max_epochs: int = field(1, ge=1, help="optimisation passes over each step's samples")
     share_prompts: bool = field(
-        True, help="the actor (per optimizer step) and the reference run each distinct prompt once, and its "
-                   "samples' responses attend to its keys and values: the same log-probs and gradient, a prompt's "
-                   "positions once instead of once per sample (docs/performance.md); the actor only where a step "
-                   "holds at most micro_train_batch_size distinct prompts (their pass lives until the optimizer "
-                   "step's last backward); where the model cannot (layers other than full attention, gradient "
-                   "checkpointing, ZeRO-3) every sample runs its prompt, as with false")
+        True, help="the actor and the critic (per optimizer step) and the reference run each distinct prompt "
+                   "once, and its samples' responses attend to its keys and values: the same log-probs, values and "
+                   "gradient, a prompt's positions once instead of once per sample (docs/performance.md); actor and "
+                   "critic only where a step holds at most micro_train_batch_size distinct prompts (their pass "
+                   "lives until the optimizer step's last backward); where the model cannot (layers other than full "
+                   "attention, gradient checkpointing, ZeRO-3) every sample runs its prompt, as with false")
     share_prompts_min_positions: int = field(
         128, ge=0, help="share_prompts only where it saves at least this many prompt positions (every sample's "
                         "prompt less each distinct prompt once): the prompt pass is a pass of its own, which costs "
