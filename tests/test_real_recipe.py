@@ -1,10 +1,11 @@
 """examples/real_asdiv/run.sh end to end on the real assets, shortened: the split, SFT, the held-out eval of the SFT
-model, GRPO from it with its validation evals and the held-out eval of its final model, and the report.
+model, the curriculum (the SFT model's pass rates on the SFT problems, those solved sometimes kept), GRPO from the
+SFT model with its validation evals and the held-out eval of its final model, and the report.
 
-Shortened so that CI can afford it: a few SFT steps; GRPO on the first four training problems (simple one-step
-sums), all four every step, so that the reward the later steps earn on them can be compared with the first
-steps'; evals of a few problems.  It checks the records the recipe promises and that the training reward rose:
-not a timing test, and not the figures of docs/real_model.md (the full recipe).
+Shortened so that CI can afford it: a few SFT steps; the curriculum rated on the first 32 problems; GRPO on the
+curriculum's first four problems, all four every step, so that the reward the later steps earn on them can be
+compared with the first steps'; evals of a few problems.  It checks the records the recipe promises and that the
+training reward rose: not a timing test, and not the figures of docs/real_model.md (the full recipe).
 """
 from __future__ import annotations
 
@@ -30,14 +31,21 @@ def test_shortened_recipe_writes_its_records_and_the_reward_rises(tmp_path, real
                        "rollout.rollout_batch_size=4 train.train_batch_size=32 train.actor_learning_rate=1e-5 "
                        "data.max_eval_prompts=8 "
                        "eval.eval_n_samples_per_prompt=2 log.eval_steps=-1",
-               HELDOUT_ARGS="data.max_eval_prompts=8")
+               HELDOUT_ARGS="data.max_eval_prompts=8", CURRICULUM_ARGS="data.max_eval_prompts=32")
     proc = subprocess.run(["bash", str(ROOT / "examples" / "real_asdiv" / "run.sh"), str(out),
-                           "--stages", "split,sft,eval_sft,grpo_seed1,report"],
+                           "--stages", "split,sft,eval_sft,curriculum,grpo_seed1,report"],
                           capture_output=True, text=True, timeout=1400, env=env)
     assert proc.returncode == 0, proc.stderr[-5000:]
     # the splits: 200 validation problems carved out of the 2,005 training ones
     assert len((out / "validation.jsonl").read_text().splitlines()) == 200
     assert len((out / "rl_train.jsonl").read_text().splitlines()) == 1805
+    # the curriculum: of the 32 problems rated (8 samples each), those solved sometimes, in the SFT file's order
+    cur = json.loads((out / "curriculum_summary.json").read_text())
+    kept = [json.loads(x) for x in (out / "curriculum.jsonl").read_text().splitlines()]
+    sft_rows = [json.loads(x) for x in (out / "sft_train.jsonl").read_text().splitlines()]
+    assert cur["rated"] == 32 and cur["kept"] == len(kept) >= 4
+    assert sum(cur["by_correct"].values()) == 32 and cur["kept"] == 32 - cur["by_correct"]["0"] - cur["by_correct"]["8"]
+    assert kept == [r for r in sft_rows[:32] if r in kept]
     # the held-out evals: metrics and every sample (8 problems x 8 samples), for both models
     for name in ("sft", "grpo_seed1"):
         metrics = json.loads((out / "heldout" / name / "eval_metrics.json").read_text())["metrics"]
@@ -55,5 +63,5 @@ def test_shortened_recipe_writes_its_records_and_the_reward_rises(tmp_path, real
     grpo = summary["heldout"]["grpo_seed1"]
     assert grpo["gain_ci95"][0] <= grpo["gain_pass@1"] <= grpo["gain_ci95"][1]
     assert set(summary["heldout"]) == {"sft", "grpo_seed1"} and summary["problems"] == 8
-    assert {"sft", "eval_sft", "grpo_seed1"} <= set(json.loads((out / "times.json").read_text()))
+    assert {"sft", "eval_sft", "curriculum", "grpo_seed1"} <= set(json.loads((out / "times.json").read_text()))
     assert "| GRPO, seed 1 |" in (out / "report.md").read_text()

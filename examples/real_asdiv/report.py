@@ -1,5 +1,6 @@
 """The real run's report (examples/real_asdiv/run.sh): held-out pass@1, pass@8 and maj@8 of every model, each gain
-over the SFT model with its paired 95% interval, the stages' wall times, and samples before and after RL.
+over the SFT model with its paired 95% interval, the stages' wall times (the curriculum stage's apart: it serves
+every RL stage), and samples before and after RL.
 
 The gain of a model over SFT is the mean over the 300 held-out problems of (the model's fraction of correct samples
 on the problem - the SFT model's), both from 8 samples with the same sample seeds; its interval is the percentile
@@ -85,6 +86,9 @@ def main(out: Path) -> None:
                 f"{100 * row['gain_ci95'][1]:+.1f})" if "gain_pass@1" in row else "")
         wall = f"{row['wall_s'] / 60:.1f} min" if row.get("wall_s") else ""
         print(f"| {NAMES[name]} | {row['pass@1']:.3f} | {row['pass@8']:.3f} | {row['maj@8']:.3f} | {gain} | {wall} |")
+    if "curriculum" in s["times_s"]:
+        print(f"\nThe curriculum stage (the SFT model's pass rates on the RL problems), run once for every RL stage: "
+              f"{s['times_s']['curriculum'] / 60:.1f} min.")
     for rl in ("grpo_seed1", "rloo", "ppo"):
         if rl in table and "sft" in table:
             print(f"\n### Samples: SFT against {NAMES[rl]} (sample 0 of each problem)\n")
