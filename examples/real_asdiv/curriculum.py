@@ -1,11 +1,13 @@
 """The RL curriculum of the real run: the training problems the SFT model solves sometimes.
 
 Reads the SFT model's samples on the RL training problems (``hpc-rlhf eval`` with ``eval.save_samples``: one row
-per sample with ``prompt_id``, the problem's position in the prompt file, and ``correct``), and keeps the problems
-whose pass rate lies strictly between 0 and 1: a group of samples that are all right or all wrong has no
-advantage to learn from.  Writes the kept rows, in the input order, and prints a JSON summary (problems, kept,
-problems by number of correct samples).  Exit code 2 when a sample names a problem the prompt file lacks or whose
-text differs, or when no problem is kept.
+per sample with ``prompt_id``, the problem's position among the prompts evaluated, the rendered ``prompt`` and
+``correct``), and keeps the problems whose pass rate lies strictly between 0 and 1: a group of samples that are
+all right or all wrong has no advantage to learn from.  The eval may take a subset of the file
+(``data.max_eval_prompts``: a sorted random subset), so each evaluated prompt is matched to the next row of the
+prompt file whose text it contains.  Writes the kept rows, in the input order, and prints a JSON summary
+(problems, rated, kept, problems by number of correct samples).  Exit code 2 when a sample matches no row, or when
+no problem is kept.
 
 Usage: python curriculum.py PROMPTS_JSONL SAMPLES_JSONL OUT_JSONL [--summary PATH]
 """
@@ -16,6 +18,19 @@ from collections import Counter
 from pathlib import Path
 
 from hpc_rlhf.algorithms.eval_metrics import pass_rates
+
+
+def rows_of(prompts: dict[int, str], rows: list[dict]) -> dict[int, int]:
+    """prompt_id -> the position of its row: the ids in ascending order, each matched to the next row (after the
+    previous match) whose ``prompt`` its rendered prompt contains; ValueError naming the first id with no row."""
+    out, r = {}, 0
+    for pid in sorted(prompts):
+        while r < len(rows) and rows[r]["prompt"] not in prompts[pid]:
+            r += 1
+        if r == len(rows):
+            raise ValueError(f"the sample of prompt_id {pid} matches no row after row {max(out.values(), default=-1)}")
+        out[pid], r = r, r + 1
+    return out
 
 
 def solved_sometimes(rates: dict[int, float]) -> list[int]:
@@ -32,13 +47,12 @@ def main() -> None:
     args = ap.parse_args()
     rows = [json.loads(x) for x in Path(args.prompts).read_text(encoding="utf-8").splitlines() if x.strip()]
     samples = [json.loads(x) for x in Path(args.samples).read_text(encoding="utf-8").splitlines() if x.strip()]
-    for s in samples:
-        i = s["prompt_id"]
-        if not (isinstance(i, int) and 0 <= i < len(rows)) or rows[i]["prompt"] not in s["prompt"]:
-            print(f"curriculum.py: {args.samples}: the sample of prompt_id {i!r} does not match row {i} of "
-                  f"{args.prompts}: evaluate the same prompt file", file=sys.stderr)
-            sys.exit(2)
-    rates = pass_rates(samples)
+    try:
+        row = rows_of({s["prompt_id"]: s["prompt"] for s in samples}, rows)
+    except ValueError as e:
+        print(f"curriculum.py: {args.samples}: {e} of {args.prompts}: evaluate that prompt file", file=sys.stderr)
+        sys.exit(2)
+    rates = {row[p]: rate for p, rate in pass_rates(samples).items()}
     keep = solved_sometimes(rates)
     if not keep:
         print(f"curriculum.py: no problem of {args.samples} is solved sometimes (pass rate strictly between 0 and "
