@@ -241,8 +241,8 @@ def test_the_critic_shares_its_prompt_pass_with_the_same_values_and_gradient(cri
         return max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(gs, want_g))
     assert off(got_g) < 1e-4
     assert off(grads(True, closing=False)[1]) > 1e-2
-    critic_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    critic_model.activation_checkpointing_enable()
     try:
         assert "gradient checkpointing" in supports(model)
     finally:
-        critic_model.gradient_checkpointing_disable()
+        critic_model.activation_checkpointing_disable()
