@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from hpc_rlhf.data.batching import chunks
 from hpc_rlhf.models.tiny import build_tiny_model
-from hpc_rlhf.roles.experience import Experience, collate, gather_positions, response_logits, response_logprobs
+from hpc_rlhf.roles.experience import Experience, collate, response_logits, response_logprobs
 from hpc_rlhf.roles.training import combine, micro_batches, optimizer_steps, per_sample
 
 from _dist import run_ranks
@@ -87,8 +87,9 @@ def test_the_output_head_runs_on_the_picked_positions_only(tiny):
     seen = []
     hook = tiny.lm_head.register_forward_hook(lambda m, args, out: seen.append((args[0].shape, out.shape)))
     got = response_logits(tiny, batch)
-    full = gather_positions(tiny(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                 position_ids=batch.position_ids, use_cache=False).logits, batch)
+    logits = tiny(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                  use_cache=False).logits  # the positions that predict the response tokens, picked by hand:
+    full = torch.gather(logits, 1, batch.logit_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
     hook.remove()
     V = tiny.config.vocab_size
     assert seen == [(torch.Size([35, 32]), torch.Size([35, V])), (torch.Size([8, 15, 32]), torch.Size([8, 15, V]))]

@@ -114,15 +114,6 @@ def collate(samples: list[Experience], pad_id: int, device: torch.device | str =
     return RLBatch(ids.to(device), att.to(device), pos.to(device), index.to(device), tokens.to(device), mask.to(device))
 
 
-def gather_positions(x: torch.Tensor, batch: RLBatch) -> torch.Tensor:
-    """x [B, T, ...] -> [B, R, ...] at the positions that predict the response tokens (past a row's response:
-    its first position, which the mask zeroes)."""
-    idx = batch.logit_index
-    if x.dim() == 3:
-        idx = idx.unsqueeze(-1).expand(-1, -1, x.size(-1))
-    return torch.gather(x, 1, idx)
-
-
 def response_logits(model: torch.nn.Module, batch: RLBatch) -> torch.Tensor:
     """The logits that predict the picked response tokens, flat [N, V] (``batch.picked`` row-major; what
     ``response_logprobs`` and ``batch.spread`` take).
