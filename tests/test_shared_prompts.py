@@ -197,10 +197,10 @@ def test_token_values_are_the_score_head_at_the_positions_that_predict_the_respo
     """V at response position j is the score head on the hidden state of the position before response token j
     (the prompt's last position for j = 0): computed here from the base model's hidden states by hand, zero at
     feedback tokens and padding."""
-    from hpc_rlhf.roles.critic import token_values
+    from hpc_rlhf.roles.critic import ValueHeadModel, token_values
     xs = group_samples()
     batch = collate(xs, 0)
-    got = token_values(critic_model, batch)
+    got = token_values(ValueHeadModel(critic_model), batch)
     for b, s in enumerate(xs):
         ids = torch.tensor([s.prompt_ids + s.response_ids])
         with torch.no_grad():
@@ -226,7 +226,7 @@ def test_the_critic_shares_its_prompt_pass_with_the_same_values_and_gradient(cri
         critic_model.zero_grad()
         values, sp = [], SharedPrompts(model, xs, len(step), 0, "cpu") if shared else None
         for part, batch in step:
-            v = spread_values(sp.logits(part, batch), batch) if shared else token_values(critic_model, batch)
+            v = spread_values(sp.logits(part, batch), batch) if shared else token_values(model, batch)
             target = torch.arange(1.0, v.size(1) + 1) / 10
             loss = ((v - target) ** 2 * batch.mask).sum()
             (loss + (sp.closing() if shared and closing else 0.0)).backward()

@@ -10,15 +10,16 @@
 #   curriculum the SFT model's pass rate on each SFT problem (8 samples at the rollout temperature, 1.0), then
 #              curriculum.py keeps the problems it solves sometimes (0 < pass rate < 1): RL's prompts
 #   grpo_seed1, grpo_seed2, rloo, ppo
-#              RL from the SFT model on the curriculum's problems (grpo.yaml with train.seed 1 and 2; the same settings with
-#              the rloo and the gae estimator, PPO's critic starting from the SFT model), validation pass@1
+#              RL from the SFT model on the curriculum's problems (grpo.yaml with train.seed 1 and 2; the same
+#              settings with the rloo and the gae estimator, PPO's critic starting from the SFT model), validation pass@1
 #              every log.eval_steps steps, then the held-out eval of the final model; the stage's wall time
 #              counts both
 #   report     report.py: the held-out table with paired 95% intervals of each gain over SFT, summary.json,
 #              the learning curves (hpc-rlhf report), samples before and after
 # Usage: bash examples/real_asdiv/run.sh [OUT] [--stages a,b,...]   (default OUT runs/real_asdiv, every stage;
 #        STAGES=... works too).  SFT_ARGS, CURRICULUM_ARGS, RL_ARGS and HELDOUT_ARGS add key=value overrides to
-#        the SFT, the curriculum's eval, every RL and every held-out eval command (tests/test_real_recipe.py runs a shortened recipe that way).
+#        the SFT, the curriculum's eval, every RL and every held-out eval command (tests/test_real_recipe.py runs
+#        a shortened recipe that way).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE="$ROOT/examples/real_asdiv"

@@ -58,10 +58,10 @@ def spread_values(out: torch.Tensor, batch: RLBatch) -> torch.Tensor:
     return batch.spread(out.squeeze(-1).float()) * batch.mask
 
 
-def token_values(model: torch.nn.Module, batch: RLBatch) -> torch.Tensor:
+def token_values(model: ValueHeadModel, batch: RLBatch) -> torch.Tensor:
     """V at each response position [B, R]: the score head applied to the hidden states that predict the
     response tokens."""
-    return spread_values(response_logits(ValueHeadModel(model), batch), batch)
+    return spread_values(response_logits(model, batch), batch)
 
 
 class Critic:
@@ -81,8 +81,7 @@ class Critic:
                                   self.share_prompts, t.share_prompts_min_positions, spread_values)
 
     def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm, shared: SharedPrompts | None = None):
-        out = shared.logits(samples, batch) if shared else response_logits(self.value_model, batch)
-        v = spread_values(out, batch)
+        v = spread_values(shared.logits(samples, batch), batch) if shared else token_values(self.value_model, batch)
         R = batch.mask.size(1)
         old = padded([s.values for s in samples], R).to(v.device)
         ret = padded([s.returns for s in samples], R).to(v.device)
