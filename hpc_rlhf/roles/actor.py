@@ -1,7 +1,6 @@
 """The actor: the policy under training.  Old log-probs in the score phase, PPO-style updates in train."""
 from __future__ import annotations
 
-from functools import partial
 
 import torch
 
@@ -12,8 +11,7 @@ from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import load_causal_lm
 from .experience import Experience, RLBatch, padded, response_logits, response_logprobs
-from .shared_prompts import SharedPrompts, logprobs_per_sample, sharing, worth_sharing
-from .training import combine, optimizer_steps, positions_trained, run_optimizer_step, summed_positions
+from .shared_prompts import SharedPrompts, logprobs_per_sample, sharing, train_steps
 
 
 class Actor:
@@ -64,20 +62,12 @@ class Actor:
         return (loss + shared.closing() if shared else loss), metrics
 
     def train(self, samples: list[Experience], step: int) -> dict[str, float]:
-        t = self.cfg.train
-        per_rank = t.train_batch_size // self.world_size
-        history, positions = [], 0
         self._mismatch_max = 0.0
-        share = self.share_prompts and worth_sharing(samples, t.share_prompts_min_positions, t.micro_train_batch_size)
-        for micro in optimizer_steps(samples, per_rank, t.micro_train_batch_size, t.max_epochs,
-                                     t.seed + step, self.pad_id, self.device, t.micro_batch_overhead_tokens, share):
-            step_samples = [s for part, _ in micro for s in part]
-            shared = SharedPrompts(self.engine, step_samples, len(micro), self.pad_id, self.device) if share else None
-            history.append(run_optimizer_step(self.engine, micro, partial(self._micro_loss, shared=shared),
-                                              self.world_size, float(self.cfg.max_action_tokens())))
-            positions += positions_trained(step_samples, share)
-        out = {f"actor/{k}": v for k, v in combine(history).items()}
-        out["actor/positions_trained"] = summed_positions(positions)
+        metrics, positions = train_steps(self.engine, self.engine, samples, self.cfg.train, self.world_size,
+                                         self.cfg.train.seed + step, self.pad_id, self.device, self.share_prompts,
+                                         self._micro_loss, float(self.cfg.max_action_tokens()))
+        out = {f"actor/{k}": v for k, v in metrics.items()}
+        out["actor/positions_trained"] = positions
         out["actor/mismatch/max_abs_diff"] = self._mismatch_max  # a max over the call, not a mean of maxima
         out["actor/lr"] = self.engine.get_lr()[0]
         return out

@@ -1,7 +1,6 @@
 """The critic: a value head on a transformer (loadable as AutoModelForSequenceClassification)."""
 from __future__ import annotations
 
-from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -12,8 +11,7 @@ from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import resolve_pretrained
 from .experience import Experience, RLBatch, padded, response_logits
-from .shared_prompts import SharedPrompts, outputs_per_sample, sharing, worth_sharing
-from .training import combine, optimizer_steps, positions_trained, run_optimizer_step, summed_positions
+from .shared_prompts import SharedPrompts, outputs_per_sample, sharing, train_steps
 
 
 def load_value_model(path: str, dtype: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
@@ -89,17 +87,7 @@ class Critic:
         return (loss + shared.closing() if shared else loss), metrics
 
     def train(self, samples: list[Experience], step: int) -> dict[str, float]:
-        t = self.cfg.train
-        share = self.share_prompts and worth_sharing(samples, t.share_prompts_min_positions, t.micro_train_batch_size)
-        history, positions = [], 0
-        for micro in optimizer_steps(samples, t.train_batch_size // self.world_size, t.micro_train_batch_size,
-                                     t.max_epochs, t.seed + step + 7, self.pad_id, self.device,
-                                     t.micro_batch_overhead_tokens, share):
-            step_samples = [s for part, _ in micro for s in part]
-            shared = (SharedPrompts(self.value_model, step_samples, len(micro), self.pad_id, self.device) if share
-                      else None)
-            history.append(run_optimizer_step(self.engine, micro, partial(self._micro_loss, shared=shared),
-                                              self.world_size, None))
-            positions += positions_trained(step_samples, share)
-        return {f"critic/{k}": v for k, v in combine(history).items()} | {
-            "critic/positions_trained": summed_positions(positions)}
+        metrics, positions = train_steps(self.engine, self.value_model, samples, self.cfg.train, self.world_size,
+                                         self.cfg.train.seed + step + 7, self.pad_id, self.device, self.share_prompts,
+                                         self._micro_loss, None)
+        return {f"critic/{k}": v for k, v in metrics.items()} | {"critic/positions_trained": positions}

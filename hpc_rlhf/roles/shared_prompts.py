@@ -16,12 +16,14 @@ backward carries the prompt pass's whole gradient through the prompt pass once. 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from transformers import DynamicCache
 
 from .experience import Experience, RLBatch, response_logits, response_logprobs
-from .training import per_sample
+from .training import (combine, optimizer_steps, per_sample, positions_trained, run_optimizer_step,
+                       summed_positions)
 
 
 def supports(model: torch.nn.Module) -> str | None:
@@ -188,3 +190,21 @@ class SharedPrompts:
             return 0.0
         total = torch.stack(terms).sum()
         return total - total.detach()
+
+
+def train_steps(engine, model: torch.nn.Module, samples: list[Experience], t, world_size: int, seed: int,
+                pad_id: int, device, share_prompts: bool, micro_loss: Callable,
+                loss_norm: float | None) -> tuple[dict[str, float], float]:
+    """One train call of a role (the actor's or the critic's): every optimizer step over ``samples`` (``t``: the
+    run's ``train`` section; micro-batches of this rank's share, ``seed`` their order), each step's distinct
+    prompts run once by ``model`` when ``share_prompts`` and sharing pays (``worth_sharing``); ``micro_loss(batch,
+    shared=...)`` is the role's loss.  (the steps' combined metrics, the positions trained summed over ranks)."""
+    share = share_prompts and worth_sharing(samples, t.share_prompts_min_positions, t.micro_train_batch_size)
+    history, positions = [], 0
+    for micro in optimizer_steps(samples, t.train_batch_size // world_size, t.micro_train_batch_size, t.max_epochs,
+                                 seed, pad_id, device, t.micro_batch_overhead_tokens, share):
+        step_samples = [s for part, _ in micro for s in part]
+        shared = SharedPrompts(model, step_samples, len(micro), pad_id, device) if share else None
+        history.append(run_optimizer_step(engine, micro, partial(micro_loss, shared=shared), world_size, loss_norm))
+        positions += positions_trained(step_samples, share)
+    return combine(history), summed_positions(positions)
