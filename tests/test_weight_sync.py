@@ -62,8 +62,8 @@ def _sync(name: str, use_channel: bool, dtype: torch.dtype, sharing: set[int]):
             count = ws.receive_weights(bridge, engine, dtype, channel)
             seen.append((dict(engine.loaded), count))
     assert torch.get_num_threads() == threads  # the leader's copy with every CPU gave its threads back
-    mode = None if channel is None else "shared" if channel.shared else "slots" if channel.slots else "broadcast"
-    left = sorted(p.name for p in ws.SHM_DIR.glob("hpc_rlhf-weights-*"))
+    mode = None if channel is None else channel.transport.name
+    left = sorted(p.name for p in ws.shm.SHM_DIR.glob("hpc_rlhf-weights-*"))
     return seen, mode, left
 
 
@@ -85,10 +85,10 @@ def _every_case():
     import torch.distributed as dist
 
     from hpc_rlhf.distributed import weight_sync as ws
-    host = ws._host
+    host = ws.shm.host
     out = {}
     for k, (name, (use_channel, other_host_rank, sharing, dtype, _)) in enumerate(CASES.items()):
-        ws._host = (lambda: "another-node") if dist.get_rank() == other_host_rank else host
+        ws.shm.host = (lambda: "another-node") if dist.get_rank() == other_host_rank else host
         out[name] = _sync(f"weights{k}", use_channel, dtype, sharing)  # a bridge of its own name each
     return out
 

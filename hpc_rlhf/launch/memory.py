@@ -131,12 +131,13 @@ def generating(shape: ModelShape, param_dtype: str, sequences: int, seq_len: int
 
 
 def shared_weights(shape: ModelShape, param_dtype: str) -> int:
-    """The shared weights of a CPU weight sync to transformers engines: the model (distributed/weight_sync.py)."""
+    """The shared weights of a CPU weight sync to transformers engines: the model
+    (distributed/weight_sync/shared.py)."""
     return shape.params * _dtype_bytes(param_dtype)
 
 
 def weight_slots(shape: ModelShape, param_dtype: str, bucket_bytes: int) -> int:
-    """The two shared-memory slots of a CPU weight sync: each the largest bucket (distributed/weight_sync.py)."""
+    """The two shared-memory slots of a CPU weight sync: each the largest bucket (distributed/weight_sync/slots.py)."""
     b = _dtype_bytes(param_dtype)
     return 2 * max(min(bucket_bytes, shape.params * b), shape.vocab * shape.hidden * b)
 
