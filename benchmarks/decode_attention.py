@@ -30,7 +30,7 @@ def setting(mod, rows: int, samples: int, prefix: int, slots: int, heads: int, k
             min_s: float, seed: int) -> dict:
     import torch
 
-    from hpc_rlhf.engines import lean_decoder as ld
+    from hpc_rlhf.generation.lean import decoder as ld
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(rows, heads, 1, dim, generator=g)
     k = torch.randn(rows, kv_heads, slots + 16, dim, generator=g)[:, :, :slots]
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from hpc_rlhf.engines import few_rows
+    from hpc_rlhf.generation.lean import few_rows
     torch.set_num_threads(args.threads)
     mod = few_rows.kernel()
     if mod is None:

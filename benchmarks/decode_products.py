@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from hpc_rlhf.engines import few_rows
+    from hpc_rlhf.generation.lean import few_rows
     torch.set_num_threads(args.threads)
     mod = few_rows.kernel()
     if mod is None:

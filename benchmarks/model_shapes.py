@@ -60,8 +60,8 @@ def time_decode(weights: dict, rows: int, dtype, min_s: float, as_decoder: bool 
     """Each product at ``rows`` rows: as the lean decoder runs it, or (``as_decoder`` False) as ``W @ x^T``."""
     import torch
 
-    from hpc_rlhf.engines import few_rows
-    from hpc_rlhf.engines.lean_decoder import Packed, _matmul
+    from hpc_rlhf.generation.lean import few_rows
+    from hpc_rlhf.generation.lean.decoder import Packed, _matmul
     few = few_rows.kernel() if dtype == torch.float32 else None  # the decoder's kernel for a few rows
     out = {}
     for name, (n_in, n_out) in weights.items():

@@ -68,7 +68,7 @@ def label_attention() -> None:
     profiler range, and the kernel's products inside ``PRODUCTS_RANGE``."""
     import torch
 
-    from hpc_rlhf.engines import few_rows, lean_decoder
+    from hpc_rlhf.generation.lean import few_rows, lean_decoder
     def in_range(inner, name: str):
         def ranged(*args, **kwargs):
             with torch.profiler.record_function(name):
@@ -108,8 +108,8 @@ def generation_batch(args):
     import torch
     from transformers import AutoTokenizer
 
-    from hpc_rlhf.engines.hf_engine import HFEngine
-    from hpc_rlhf.engines.rollout import SamplingParams
+    from hpc_rlhf.generation.factory import transformers_engine
+    from hpc_rlhf.generation.engine import SamplingParams
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.model)
     rows = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()][:args.prompts]
@@ -117,7 +117,7 @@ def generation_batch(args):
                                      tokenize=False) for r in rows]
     prompts = tok(texts, add_special_tokens=False)["input_ids"]
     model = random_weights(args.model) if getattr(args, "random_init", False) else args.model
-    engine = HFEngine(model, dtype=getattr(args, "dtype", "fp32"), device=getattr(args, "device", "cpu"),
+    engine = transformers_engine(model, dtype=getattr(args, "dtype", "fp32"), device=getattr(args, "device", "cpu"),
                       max_batch_size=args.prompts * args.samples)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens,
                             stop_token_ids=sorted({tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}))

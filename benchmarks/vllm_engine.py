@@ -59,14 +59,14 @@ def build_model(root: Path, size: str) -> Path:
 
 def make_engine(kind: str, folder: Path, max_model_len: int, max_seqs: int):
     if kind == "vllm":
-        from hpc_rlhf.engines.vllm_engine import VllmEngine
+        from hpc_rlhf.generation.vllm import VllmEngine
         return VllmEngine(str(folder), dtype="fp32", max_model_len=max_model_len, max_num_seqs=max_seqs)
-    from hpc_rlhf.engines.hf_engine import HFEngine
-    return HFEngine(str(folder), dtype="fp32", max_batch_size=max_seqs)
+    from hpc_rlhf.generation.factory import transformers_engine
+    return transformers_engine(str(folder), dtype="fp32", max_batch_size=max_seqs)
 
 
 def greedy(engine) -> list[list[int]]:
-    from hpc_rlhf.engines.rollout import SamplingParams
+    from hpc_rlhf.generation.engine import SamplingParams
     params = SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=[])
     return [c.token_ids for c in engine.generate(GREEDY_PROMPTS, params, [0] * len(GREEDY_PROMPTS))]
 
@@ -144,8 +144,8 @@ def weight_sync(args, root: Path, store) -> dict:
 
     from hpc_rlhf.distributed.collectives import Bridge
     from hpc_rlhf.distributed.weight_sync import actor_buckets, full_items, send_weights
-    from hpc_rlhf.engines.hf_engine import HFEngine
-    from hpc_rlhf.engines.rollout import tensor_checksum
+    from hpc_rlhf.generation.factory import transformers_engine
+    from hpc_rlhf.generation.engine import tensor_checksum
 
     rows = []
     for size in args.sync_sizes:
@@ -158,7 +158,7 @@ def weight_sync(args, root: Path, store) -> dict:
         t0 = time.perf_counter()
         sent_checksum = tensor_checksum(model.named_parameters())
         checksum_s = time.perf_counter() - t0
-        want_greedy = greedy(HFEngine(model))
+        want_greedy = greedy(transformers_engine(model))
         n_params = sum(p.numel() for p in model.parameters())
         for kind in args.receivers:
             name = f"weights-{size}-{kind}"
@@ -209,7 +209,7 @@ def gen_child(folder: str, kind: str, out: str, n: int, lo: int, hi: int, max_ne
     """Child process: start one engine, generate 1 + repeats times, write the timings to ``out``."""
     import torch
 
-    from hpc_rlhf.engines.rollout import SamplingParams
+    from hpc_rlhf.generation.engine import SamplingParams
 
     prompts, seeds = prompts_and_seeds(n, lo, hi)
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new, stop_token_ids=[])

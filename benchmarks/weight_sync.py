@@ -44,7 +44,7 @@ def _rank(rank: int, port: int, model: str, threads: int, reps: int, out) -> Non
 
     from hpc_rlhf.distributed import weight_sync as ws
     from hpc_rlhf.distributed.collectives import Bridge
-    from hpc_rlhf.engines.hf_engine import HFEngine
+    from hpc_rlhf.generation.factory import transformers_engine
     torch.set_num_threads(threads)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=300))
     bridge = Bridge("weights", [0, 1], rank, store, 300)
@@ -53,7 +53,7 @@ def _rank(rank: int, port: int, model: str, threads: int, reps: int, out) -> Non
         items = ws.full_items(AutoModelForCausalLM.from_pretrained(model, dtype=dtype))
         slot_bytes = ws.largest_bucket_bytes(items, dtype, ws.BUCKET_BYTES)
     else:
-        engine = HFEngine(model, dtype="fp32")
+        engine = transformers_engine(model, dtype="fp32")
     result = {}
     for transport in TRANSPORTS:
         channel = {"broadcast": None, "slots": ws.Channel(share=False), "shared_weights": ws.Channel()}[transport]

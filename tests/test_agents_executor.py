@@ -26,9 +26,8 @@ from hpc_rlhf.agents.contract import load_agent
 from hpc_rlhf.agents.executor import TURN_SALT, merge_params
 from hpc_rlhf.agents.feedback import FeedbackFormat, user_turn_text
 from hpc_rlhf.config.rl import AgentConfig
-from hpc_rlhf.engines.hf_engine import HFEngine
-from hpc_rlhf.engines.rollout import Completion, RolloutEngine, SamplingParams
-from hpc_rlhf.engines.seeds import sample_seed
+from hpc_rlhf.generation.factory import transformers_engine
+from hpc_rlhf.generation.engine import Completion, RolloutEngine, sample_seed, SamplingParams
 from hpc_rlhf.models.tiny import build_tiny_model
 from hpc_rlhf.models.tokenizer import build_tokenizer
 
@@ -612,7 +611,7 @@ def test_no_requests_no_engine_call(agent):
 def hf_engine(tmp_path_factory):
     path = build_tiny_model(tmp_path_factory.mktemp("agent_tiny"), hidden_size=32, num_layers=2, num_heads=4,
                             max_position_embeddings=128)
-    return HFEngine(path)
+    return transformers_engine(path)
 
 
 def test_real_engine_turn_zero_is_the_single_turn_sample_and_turn_one_its_own_seed(agent, hf_engine):

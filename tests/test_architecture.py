@@ -269,5 +269,47 @@ def test_a_lazy_import_is_allowed_only_in_the_module_named_for_it(tmp_path):
     assert function_level_imports(pkg) == ["hpc_rlhf/distributed/other.py:2 torch"]
 
 
+# -- the generation port: the engine interface and the factory are what the rest of the package sees ------------
+GENERATION_PORT = {"hpc_rlhf.generation.engine", "hpc_rlhf.generation.factory"}
+
+
+def port_breaches(package: Path = PACKAGE) -> list[str]:
+    """``file:line module`` of every import that reaches past the generation port: of ``generation/lean/`` from
+    anywhere but ``generation/factory.py`` and ``generation/lean/`` itself, and of another ``generation`` module
+    than the port from outside ``generation/``."""
+    gen, lean = f"{package.name}.generation", f"{package.name}.generation.lean"
+    port = {m.replace("hpc_rlhf", package.name, 1) for m in GENERATION_PORT}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        here = module_name(path, package)
+        for line, target, _ in imports(path, package):
+            where = f"{path.relative_to(package.parent)}:{line} {target}"
+            if (target == lean or target.startswith(lean + ".")) and here != f"{gen}.factory" \
+                    and not here.startswith(lean):
+                found.append(where)
+            elif target.startswith(gen + ".") and not here.startswith(gen) \
+                    and not any(target == m or target.startswith(m + ".") for m in port):
+                found.append(where)
+    return found
+
+
+def test_generation_is_reached_through_its_port_only():
+    assert port_breaches() == []
+
+
+def test_the_port_check_sees_each_kind_of_breach(tmp_path):
+    pkg = tmp_path / PACKAGE.name
+    for rel, text in {"__init__.py": "", "generation/__init__.py": "", "generation/engine.py": "",
+                      "generation/hf.py": "from .lean.decoder import D\n",
+                      "generation/factory.py": "from .lean.engine import L\nfrom .hf import H\n",
+                      "generation/lean/__init__.py": "", "generation/lean/engine.py": "from .decoder import D\n",
+                      "roles/__init__.py": "", "roles/rollout.py": "from ..generation.engine import E\n"
+                      "from ..generation.factory import make\nfrom ..generation.hf import H\n"}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    assert port_breaches(pkg) == ["hpc_rlhf/generation/hf.py:1 hpc_rlhf.generation.lean.decoder.D",
+                                  "hpc_rlhf/roles/rollout.py:3 hpc_rlhf.generation.hf.H"]
+
+
 if __name__ == "__main__":  # python tests/test_architecture.py: the layers of the package, bottom first
     print(describe_layers(import_graph()))

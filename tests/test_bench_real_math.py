@@ -275,7 +275,7 @@ def test_decode_attention_benchmark_compares_equal_results():
     prefix (2 prompts of 2 rows) and without one, and each setting reports both times."""
     import decode_attention as da
 
-    from hpc_rlhf.engines import few_rows
+    from hpc_rlhf.generation.lean import few_rows
     mod = few_rows.kernel()
     for prefix in (5, 0):
         r = da.setting(mod, rows=4, samples=2, prefix=prefix, slots=9, heads=4, kv_heads=2, dim=16, min_s=0.0,
@@ -289,7 +289,7 @@ def test_decode_products_benchmark_compares_equal_results():
     and a step's products count each layer's four ``layers`` times and the head once."""
     import decode_products as dp
 
-    from hpc_rlhf.engines import few_rows
+    from hpc_rlhf.generation.lean import few_rows
     table = dp.shapes(hidden=16, mlp=24, heads=2, kv_heads=1, head_dim=8, vocab=50)
     assert table == {"qkv": (32, 16), "o": (16, 16), "gate_up": (48, 16), "down": (16, 24), "head": (50, 16)}
     per = {name: dp.product(few_rows.kernel(), 9, o, i, copies=2, min_s=0.0, seed=3) for name, (o, i) in table.items()}

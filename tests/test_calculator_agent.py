@@ -145,7 +145,7 @@ def test_calls_past_the_cap_end_the_episode_with_reward_0():
 # ---- end to end: the executor with a scripted engine -------------------------------------------------------
 
 def _engine_class():
-    from hpc_rlhf.engines.rollout import FINISH_STOP, Completion, RolloutEngine
+    from hpc_rlhf.generation.engine import FINISH_STOP, Completion, RolloutEngine
 
     class ScriptedEngine(RolloutEngine):
         """A perfect tool user, or a confident guesser: ``script(context_text)`` is the next action's text,
@@ -209,7 +209,7 @@ FEEDBACK = {"raw": "<result>444</result>",
 
 @pytest.mark.parametrize("style", ["raw", "user_turn"])
 def test_executor_runs_the_tool_loop_token_in_token_out(style):
-    from hpc_rlhf.engines.rollout import SamplingParams
+    from hpc_rlhf.generation.engine import SamplingParams
     from hpc_rlhf.models.tokenizer import build_tokenizer
     tok = build_tokenizer()
     end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -238,7 +238,7 @@ def test_executor_runs_the_tool_loop_token_in_token_out(style):
 
 
 def test_max_turns_cuts_a_trajectory_after_its_call():
-    from hpc_rlhf.engines.rollout import SamplingParams
+    from hpc_rlhf.generation.engine import SamplingParams
     from hpc_rlhf.models.tokenizer import build_tokenizer
     tok = build_tokenizer()
     executor, stop = _executor(tok, "raw", max_turns=1)
@@ -267,7 +267,7 @@ def memorised(tmp_path_factory):
     from hpc_rlhf.config.rl import PromptDataConfig
     from hpc_rlhf.data.prompts import build_prompts
     from hpc_rlhf.data.rows import BadRows
-    from hpc_rlhf.engines.rollout import SamplingParams
+    from hpc_rlhf.generation.engine import SamplingParams
     from hpc_rlhf.models.loading import load_tokenizer
     from hpc_rlhf.models.tiny import build_tiny_model
     from hpc_rlhf.roles.rollout import stop_token_ids

@@ -7,7 +7,7 @@ from hpc_rlhf.agents.feedback import FeedbackFormat
 from hpc_rlhf.demo.addition import forgetful_sum, retry_rows
 from hpc_rlhf.demo.addition_env import RETRY, RIGHT, WRONG, is_correct, judge
 from hpc_rlhf.demo.run import ENV_FILE, two_turn_figures
-from hpc_rlhf.engines.rollout import Completion, SamplingParams
+from hpc_rlhf.generation.engine import Completion, SamplingParams
 from hpc_rlhf.models.tokenizer import build_tokenizer
 
 

@@ -1,11 +1,11 @@
-"""The few-row kernels (hpc_rlhf/engines/few_rows.cpp): the products (with the norm or the gating on the way in)
+"""The few-row kernels (hpc_rlhf/generation/lean/few_rows.cpp): the products (with the norm or the gating on the way in)
 and the decode attention they compute, where the decoder uses them, and what happens where they cannot be built."""
 import logging
 
 import pytest
 import torch
 
-from hpc_rlhf.engines import few_rows
+from hpc_rlhf.generation.lean import few_rows
 
 
 def _kernel():
@@ -205,7 +205,7 @@ def test_decoder_uses_it_for_few_rows_only(tmp_path, monkeypatch):
     either way."""
     from transformers import AutoModelForCausalLM
 
-    from hpc_rlhf.engines import lean_decoder
+    from hpc_rlhf.generation.lean import decoder as lean_decoder
     from hpc_rlhf.models.tiny import build_tiny_model
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(
         tmp_path / "m", arch="qwen2", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,

@@ -37,7 +37,7 @@ def test_few_row_kernel_is_prebuilt():
     # its source ships with the package.
     from torch.utils.cpp_extension import _get_build_directory
 
-    from hpc_rlhf.engines import few_rows
+    from hpc_rlhf.generation.lean import few_rows
     assert few_rows.SOURCE.is_file()
     assert (Path(_get_build_directory(few_rows.NAME, verbose=False)) / f"{few_rows.NAME}.so").is_file()
     assert few_rows.kernel() is not None
@@ -54,10 +54,11 @@ def test_loading_the_few_row_kernel_again_does_not_rebuild_it():
     import torch
     from torch.utils.cpp_extension import _get_build_directory
 
-    from hpc_rlhf.engines import few_rows
+    from hpc_rlhf.generation.lean import few_rows
     folder = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:10]
     assert few_rows.NAME.endswith(folder) and torch.__version__.split("+")[0].replace(".", "_") in few_rows.NAME
     log = Path(_get_build_directory(few_rows.NAME, verbose=False)) / ".ninja_log"
     before = log.read_text()
-    subprocess.run([sys.executable, "-m", "hpc_rlhf.engines.few_rows"], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "hpc_rlhf.generation.lean.few_rows"], check=True, capture_output=True,
+                   timeout=300)
     assert log.read_text() == before

@@ -2,10 +2,11 @@
 import pytest
 import torch
 
-from hpc_rlhf.engines import few_rows
-from hpc_rlhf.engines.hf_engine import HFEngine
-from hpc_rlhf.engines.lean_decoder import LeanDecoder, Packed, _matmul, lean_supported, onednn_products
-from hpc_rlhf.engines.rollout import SamplingParams
+from hpc_rlhf.generation.engine import SamplingParams
+from hpc_rlhf.generation.factory import transformers_engine
+from hpc_rlhf.generation.hf import HFEngine
+from hpc_rlhf.generation.lean import few_rows
+from hpc_rlhf.generation.lean.decoder import LeanDecoder, Packed, _matmul, lean_supported, onednn_products
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
@@ -86,7 +87,7 @@ def test_fixed_shape_step_is_the_decode_forward(tmp_path, monkeypatch):
 def test_rms_norm_is_the_llama_norm(dtype):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from hpc_rlhf.engines.lean_decoder import _rms
+    from hpc_rlhf.generation.lean.decoder import _rms
     g = torch.Generator().manual_seed(0)
     norm = LlamaRMSNorm(64, eps=1e-5)
     with torch.no_grad():
@@ -105,7 +106,7 @@ def test_grouped_attention_is_gqa_attention(T):
     (decode: one mask row, broadcast) and a causal one (prefill: T rows)."""
     import torch.nn.functional as F
 
-    from hpc_rlhf.engines.lean_decoder import grouped_attention
+    from hpc_rlhf.generation.lean.decoder import grouped_attention
     g = torch.Generator().manual_seed(T)
     B, nq, nkv, S, D = 3, 6, 2, 7, 8
     q, k, v = (torch.randn(B, h, n, D, generator=g) for h, n in ((nq, T), (nkv, S), (nkv, S)))
@@ -128,7 +129,7 @@ def test_split_attention_is_attention_over_prefix_and_row(T, rows):
     prefix (no slot map), uneven and unordered ones, and a prefix that no row reads (prefix 1, dropped)."""
     import torch.nn.functional as F
 
-    from hpc_rlhf.engines.lean_decoder import SharedPrefix, split_attention
+    from hpc_rlhf.generation.lean.decoder import SharedPrefix, split_attention
     g = torch.Generator().manual_seed(len(rows) + T)
     B, U, nq, nkv, P, S, D = len(rows), 3, 6, 2, 5, 4, 8
     pk, pv = (torch.randn(U, nkv, P, D, generator=g) for _ in range(2))
@@ -196,8 +197,8 @@ def test_engine_lean_and_transformers_paths_sample_the_same(tmp_path):
     path = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64, seed=2)
     prompts = [[40, 41, 42], [50], [60, 61, 62, 63, 64]]
     params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=8, stop_token_ids=[256])
-    a = HFEngine(path).generate(prompts, params, [1, 2, 3])
-    b = HFEngine(path, lean=False).generate(prompts, params, [1, 2, 3])
+    a = transformers_engine(path).generate(prompts, params, [1, 2, 3])
+    b = HFEngine(path).generate(prompts, params, [1, 2, 3])
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
     for x, y in zip(a, b):
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
@@ -212,7 +213,7 @@ def test_shared_and_copied_prefix_sample_the_same(tmp_path):
     prompts = [[40, 41, 42]] * 4 + [[50]] * 3 + [[60, 61, 62, 63, 64]] * 4
     params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=list(range(64)))
     seeds = list(range(len(prompts)))
-    shared, copied = HFEngine(path), HFEngine(path, shared_prefix=False)
+    shared, copied = transformers_engine(path), transformers_engine(path, shared_prefix=False)
     shared._lean.shared_prefix_min_elements = 0  # shares these short prompts
     a, b = shared.generate(prompts, params, seeds), copied.generate(prompts, params, seeds)
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
@@ -224,7 +225,7 @@ def test_shared_and_copied_prefix_sample_the_same(tmp_path):
 def test_prefix_pays_counts_the_key_elements_sharing_saves():
     """Rows that repeat share their prefix once (repeats) × length × kv heads × head size reach the threshold:
     8 samples of one prompt are 7 repeats, 8 of each of 8 prompts 56."""
-    from hpc_rlhf.engines.lean_decoder import SHARED_PREFIX_MIN_ELEMENTS, prefix_pays
+    from hpc_rlhf.generation.lean.decoder import SHARED_PREFIX_MIN_ELEMENTS, prefix_pays
     one = [0] * 8
     assert not prefix_pays(one, 96, 4, 64)  # 7 × 96 × 256 = 172,032 < 262,144
     assert prefix_pays(one, 147, 4, 64)  # 7 × 147 × 256 = 263,424
@@ -248,7 +249,7 @@ def test_short_prefixes_are_copied_long_ones_shared(tmp_path):
     path = build_tiny_model(tmp_path / "m", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
                             max_position_embeddings=320, seed=4)
     params = SamplingParams(temperature=1.0, max_new_tokens=4, stop_token_ids=[256])
-    engine, copied = HFEngine(path), HFEngine(path, shared_prefix=False)
+    engine, copied = transformers_engine(path), transformers_engine(path, shared_prefix=False)
     decisions = []
     select = engine._lean.select_rows
 
@@ -273,11 +274,11 @@ def test_the_cache_is_freed_when_a_generation_ends(tmp_path):
     path = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64, seed=2)
     prompts = [[40, 41, 42], [50], [60, 61, 62, 63, 64]]
     params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=[256])
-    engine = HFEngine(path)
+    engine = transformers_engine(path)
     first = engine.generate(prompts, params, [1, 2, 3])
     assert engine._lean.keys == [] and engine._lean.values == [] and engine._lean.key_valid is None
     assert [c.token_ids for c in engine.generate(prompts, params, [1, 2, 3])] == [c.token_ids for c in first]
-    split = HFEngine(engine.model, max_batch_size=2).generate(prompts, params, [1, 2, 3])
+    split = transformers_engine(engine.model, max_batch_size=2).generate(prompts, params, [1, 2, 3])
     assert [c.token_ids for c in split] == [c.token_ids for c in first]
 
 
@@ -348,13 +349,13 @@ def test_rollout_lean_decoder_switch(tmp_path):
     from hpc_rlhf.config import load_config
     from hpc_rlhf.config.pipelines import GenerateConfig
     from hpc_rlhf.config.rl import RLConfig
-    from hpc_rlhf.engines.factory import make_engine
+    from hpc_rlhf.generation.factory import make_engine
     from hpc_rlhf.models.tiny import build_tiny_model
     from hpc_rlhf.roles.rollout import make_engine as rollout_engine
     path = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64, seed=2)
     rl = [f"pretrain={path}", "prompt_data=p.jsonl", "reward_func=r.py", "param_dtype=fp32"]
     assert isinstance(rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean, LeanDecoder)
-    assert rollout_engine(load_config(RLConfig, None, rl + ["rollout.lean_decoder=false"]), "cpu")._lean is None
+    assert type(rollout_engine(load_config(RLConfig, None, rl + ["rollout.lean_decoder=false"]), "cpu")) is HFEngine
     assert rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean.cuda_graphs
     assert not rollout_engine(load_config(RLConfig, None, rl + ["rollout.cuda_graphs=false"]), "cpu")._lean.cuda_graphs
     assert rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean.shared_prefix
@@ -362,4 +363,4 @@ def test_rollout_lean_decoder_switch(tmp_path):
     assert not lean.shared_prefix and not lean.shares_prefix(torch.float32, torch.device("cpu"))
     gen = load_config(GenerateConfig, None, [f"pretrain={path}", "prompt_data=p.jsonl", "output_path=o.jsonl",
                                              "lean_decoder=false"]).model
-    assert make_engine(gen, gen.pretrain, "fp32", "cpu", 4)._lean is None
+    assert type(make_engine(gen, gen.pretrain, "fp32", "cpu", 4)) is HFEngine

@@ -94,13 +94,13 @@ def test_chat_rendering_and_multi_turn_loss_mask(tokenizer):
 
 def test_generation_stops_at_end_of_turn(real_model, tokenizer):
     """Greedy chat answers end with <|im_end|> (finish_reason stop); a short budget ends with "length"."""
-    from hpc_rlhf.engines.hf_engine import HFEngine
-    from hpc_rlhf.engines.rollout import SamplingParams
+    from hpc_rlhf.generation.factory import transformers_engine
+    from hpc_rlhf.generation.engine import SamplingParams
     from hpc_rlhf.roles.rollout import stop_token_ids
 
     stops = stop_token_ids(real_model, tokenizer)
     assert stops == [IM_END]
-    engine = HFEngine(real_model, dtype="fp32")
+    engine = transformers_engine(real_model, dtype="fp32")
     questions = ("What is the capital of France? Answer in one word.", "What is 2+3? Answer with just the number.")
     prompts = [_chat_ids(tokenizer, [{"role": "user", "content": q}], True) for q in questions]
     out = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=32, stop_token_ids=stops), [0, 1])

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hpc_rlhf.engines.hf_engine import HFEngine, filter_logits, inverse_cdf_sample
-from hpc_rlhf.engines.rollout import Completion, RolloutEngine, SamplingParams
-from hpc_rlhf.engines.seeds import sample_seed
+from hpc_rlhf.generation.engine import Completion, RolloutEngine, SamplingParams, sample_seed
+from hpc_rlhf.generation.factory import transformers_engine
+from hpc_rlhf.generation.hf import filter_logits, inverse_cdf_sample
 from hpc_rlhf.models.tiny import build_tiny_model
 
 EOS, PAD, IM_END = 256, 257, 259
@@ -26,7 +26,7 @@ def model_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dirs):
-    return HFEngine(model_dirs[("llama", 0)], max_batch_size=64)
+    return transformers_engine(model_dirs[("llama", 0)], max_batch_size=64)
 
 
 def _hf_greedy(model, prompts, max_new, stop):
@@ -64,7 +64,7 @@ def test_params_validation():
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_greedy_matches_transformers_generate(model_dirs, arch):
     path = model_dirs[(arch, 0)]
-    eng = HFEngine(path)
+    eng = transformers_engine(path)
     assert isinstance(eng, RolloutEngine)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     params = SamplingParams(temperature=0, max_new_tokens=12)
@@ -92,7 +92,7 @@ def test_sample_is_batch_invariant(engine):
         assert alone.token_ids == batched[i].token_ids == shuffled[j].token_ids
         assert alone.logprobs == pytest.approx(batched[i].logprobs, abs=1e-5)
     # Chunking (max_batch_size) does not change samples either.
-    small = HFEngine(engine.model, max_batch_size=2)
+    small = transformers_engine(engine.model, max_batch_size=2)
     assert [c.token_ids for c in small.generate(PROMPTS, params, seeds)] == [c.token_ids for c in batched]
 
 
@@ -140,8 +140,8 @@ def test_logprobs_match_full_forward(engine):
 
 
 def test_load_weights_and_checksum(model_dirs):
-    eng = HFEngine(model_dirs[("llama", 0)])
-    other = HFEngine(model_dirs[("llama", 1)])
+    eng = transformers_engine(model_dirs[("llama", 0)])
+    other = transformers_engine(model_dirs[("llama", 1)])
     params = SamplingParams(temperature=0, max_new_tokens=10)
     before, target = eng.generate(PROMPTS, params, [0] * 4), other.generate(PROMPTS, params, [0] * 4)
     assert [c.token_ids for c in before] != [c.token_ids for c in target]
@@ -170,8 +170,8 @@ def test_shared_weights_written_by_another_mapping_are_what_it_generates_with(mo
     leader's, in another process) writes new weights, which no tensor version of the engine sees: after
     finish_weight_update it generates what an engine loaded with those weights does."""
     from hpc_rlhf.distributed.weight_sync import ParamSpec, SharedWeights, shared_layout
-    eng = HFEngine(model_dirs[("llama", 0)], lean=lean)
-    other = HFEngine(model_dirs[("llama", 1)], lean=lean)
+    eng = transformers_engine(model_dirs[("llama", 0)], lean=lean)
+    other = transformers_engine(model_dirs[("llama", 1)], lean=lean)
     params = SamplingParams(temperature=0, max_new_tokens=10)
     before, target = eng.generate(PROMPTS, params, [0] * 4), other.generate(PROMPTS, params, [0] * 4)
     assert [c.token_ids for c in before] != [c.token_ids for c in target]
@@ -221,7 +221,7 @@ def test_top_k_distribution(engine):
     top = torch.topk(p, 2)
     p0 = (top.values[0] / top.values.sum()).item()
     n = 2000
-    eng = HFEngine(engine.model, max_batch_size=n)
+    eng = transformers_engine(engine.model, max_batch_size=n)
     outs = eng.generate([prompt] * n, SamplingParams(temperature=1.0, top_k=2, max_new_tokens=1),
                         seeds=[sample_seed(7, 0, 0, j) for j in range(n)])
     toks = [c.token_ids[0] for c in outs]
@@ -284,7 +284,7 @@ def test_inverse_cdf_sample_frequencies():
 def test_finished_rows_leave_the_batch_and_the_samples_stay_the_same(model_dirs, lean, monkeypatch):
     """Rows that hit a stop token leave the decode batch once they are a quarter of it: later forwards get
     fewer rows, and every sample is what it is alone (ids exactly, log-probs to float rounding)."""
-    engine = HFEngine(model_dirs[("llama", 0)], max_batch_size=64, lean=lean)
+    engine = transformers_engine(model_dirs[("llama", 0)], max_batch_size=64, lean=lean)
     prompts = [PROMPTS[i % 4] for i in range(12)]
     seeds = [sample_seed(5, 0, i, 0) for i in range(12)]
     with torch.no_grad():  # the most likely first tokens of the prompts: stopping on them ends rows early
@@ -303,7 +303,7 @@ def test_finished_rows_leave_the_batch_and_the_samples_stay_the_same(model_dirs,
     assert rows[1] == 12 and min(rows[1:]) < 12, rows  # decode steps after the first finishes had fewer rows
     assert rows[1:] == sorted(rows[1:], reverse=True)
     for p, s, c in zip(prompts, seeds, out):
-        alone = HFEngine(engine.model, lean=lean).generate([p], params, [s])[0]
+        alone = transformers_engine(engine.model, lean=lean).generate([p], params, [s])[0]
         assert (c.token_ids, c.finish_reason) == (alone.token_ids, alone.finish_reason)
         assert c.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
 
@@ -312,7 +312,7 @@ def test_finished_rows_leave_the_batch_and_the_samples_stay_the_same(model_dirs,
 def test_repeated_prompts_share_their_prefill(model_dirs, lean, monkeypatch):
     """n samples of one prompt: the prompt is prefilled once (one row per distinct prompt), and every sample
     is what that prompt gives alone with the sample's seed."""
-    engine = HFEngine(model_dirs[("llama", 0)], max_batch_size=64, lean=lean)
+    engine = transformers_engine(model_dirs[("llama", 0)], max_batch_size=64, lean=lean)
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
     prompts = [PROMPTS[0]] * 3 + [PROMPTS[2]] * 2 + [PROMPTS[0]]
     seeds = [11, 12, 13, 21, 22, 14]
@@ -326,7 +326,7 @@ def test_repeated_prompts_share_their_prefill(model_dirs, lean, monkeypatch):
     shared = engine.generate(prompts, params, seeds)
     assert rows_prefilled[0] == 2
     for p, s, c in zip(prompts, seeds, shared):
-        alone = HFEngine(engine.model, lean=lean).generate([p], params, [s])[0]
+        alone = transformers_engine(engine.model, lean=lean).generate([p], params, [s])[0]
         assert c.token_ids == alone.token_ids
         assert c.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
     assert len({tuple(c.token_ids) for c in shared[:3]}) > 1  # the copies sample on their own
@@ -340,13 +340,13 @@ def test_work_counters_by_hand(model_dirs):
     a, b = [10, 11, 12], [20, 21, 22, 23, 24]
     prompts = [a, b, a, b, a, b]
     params = SamplingParams(temperature=0, max_new_tokens=4)
-    one = HFEngine(model_dirs[("llama", 0)], max_batch_size=64)
+    one = transformers_engine(model_dirs[("llama", 0)], max_batch_size=64)
     assert one.work_done() == {"prompt_tokens_prefilled": 0, "tokens_generated": 0}
     one.generate(prompts, params, [0] * 6)
     assert one.work_done() == {"prompt_tokens_prefilled": 8, "tokens_generated": 24}
     one.generate([a], params, [0])
     assert one.work_done() == {"prompt_tokens_prefilled": 11, "tokens_generated": 28}
-    four = HFEngine(model_dirs[("llama", 0)], max_batch_size=4)
+    four = transformers_engine(model_dirs[("llama", 0)], max_batch_size=4)
     four.generate(prompts, params, [0] * 6)
     assert four.work_done() == {"prompt_tokens_prefilled": 11, "tokens_generated": 24}
     # a row that stops counts the tokens it generated, its stop token included

@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from hpc_rlhf.engines.hf_engine import HFEngine
-from hpc_rlhf.engines.rollout import SamplingParams, tensor_checksum
+from hpc_rlhf.generation.factory import transformers_engine
+from hpc_rlhf.generation.engine import SamplingParams, tensor_checksum
 from hpc_rlhf.models.tiny import build_tiny_model
 
 pytestmark = pytest.mark.vllm
@@ -26,7 +26,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(models):
-    from hpc_rlhf.engines.vllm_engine import VllmEngine
+    from hpc_rlhf.generation.vllm import VllmEngine
     t0 = time.time()
     eng = VllmEngine(str(models[0]), dtype="fp32", max_model_len=64, max_num_seqs=32, track_checksums=True)
     print(f"vllm engine start-up: {time.time() - t0:.1f} s")
@@ -40,7 +40,7 @@ def _greedy(eng, prompts=PROMPTS, n=12, stop=()):
 
 
 def test_greedy_parity_and_logprobs(engine, models):
-    hf = HFEngine(models[0])
+    hf = transformers_engine(models[0])
     ours, theirs = _greedy(engine), _greedy(hf)
     assert [c.token_ids for c in ours] == [c.token_ids for c in theirs]
     diff = max(abs(a - b) for c, d in zip(ours, theirs) for a, b in zip(c.logprobs, d.logprobs))
@@ -50,7 +50,7 @@ def test_greedy_parity_and_logprobs(engine, models):
 
 
 def test_stop_tokens_are_kept(engine, models):
-    hf = HFEngine(models[0])
+    hf = transformers_engine(models[0])
     free = _greedy(hf)
     stop = [free[0].token_ids[3]]  # a token row 0 produces at position 3
     ours, theirs = _greedy(engine, stop=stop), _greedy(hf, stop=stop)
@@ -62,7 +62,7 @@ def test_stop_tokens_are_kept(engine, models):
 def test_update_weights_parity_and_checksum(engine, models):
     from transformers import AutoModelForCausalLM
     other = AutoModelForCausalLM.from_pretrained(models[1])
-    want = _greedy(HFEngine(models[1]))
+    want = _greedy(transformers_engine(models[1]))
     assert [c.token_ids for c in _greedy(engine)] != [c.token_ids for c in want]
     version = engine.weight_version
     named = list(other.named_parameters())
@@ -76,7 +76,7 @@ def test_update_weights_parity_and_checksum(engine, models):
     assert [c.token_ids for c in _greedy(engine)] == [c.token_ids for c in want]
     assert engine.state_checksum() == pytest.approx(tensor_checksum(named), rel=1e-12)
     engine.update_weights(AutoModelForCausalLM.from_pretrained(models[0]).named_parameters())  # and back
-    assert [c.token_ids for c in _greedy(engine)] == [c.token_ids for c in _greedy(HFEngine(models[0]))]
+    assert [c.token_ids for c in _greedy(engine)] == [c.token_ids for c in _greedy(transformers_engine(models[0]))]
 
 
 def test_partial_update_keeps_the_other_weights(engine, models):
@@ -89,7 +89,7 @@ def test_partial_update_keeps_the_other_weights(engine, models):
         for n in linear:
             mixed.get_parameter(n).copy_(other[n])
     engine.update_weights([(n, other[n]) for n in linear])
-    assert [c.token_ids for c in _greedy(engine)] == [c.token_ids for c in _greedy(HFEngine(mixed))]
+    assert [c.token_ids for c in _greedy(engine)] == [c.token_ids for c in _greedy(transformers_engine(mixed))]
     assert engine.state_checksum() == pytest.approx(tensor_checksum(mixed.named_parameters()), rel=1e-12)
     engine.update_weights(AutoModelForCausalLM.from_pretrained(models[0]).named_parameters())  # back
 
@@ -120,15 +120,15 @@ def test_tensor_parallel_engine(models, engine):
     """Two tensor-parallel worker processes: greedy parity before and after a weight update."""
     from transformers import AutoModelForCausalLM
 
-    from hpc_rlhf.engines.vllm_engine import VllmEngine
+    from hpc_rlhf.generation.vllm import VllmEngine
     engine.close()  # one engine at a time on this machine
     t0 = time.time()
     tp = VllmEngine(str(models[0]), dtype="fp32", max_model_len=64, max_num_seqs=32, tensor_parallel_size=2)
     print(f"vllm engine start-up, tensor parallel 2: {time.time() - t0:.1f} s")
     try:
-        assert [c.token_ids for c in _greedy(tp)] == [c.token_ids for c in _greedy(HFEngine(models[0]))]
+        assert [c.token_ids for c in _greedy(tp)] == [c.token_ids for c in _greedy(transformers_engine(models[0]))]
         tp.update_weights(AutoModelForCausalLM.from_pretrained(models[1]).named_parameters())
-        assert [c.token_ids for c in _greedy(tp)] == [c.token_ids for c in _greedy(HFEngine(models[1]))]
+        assert [c.token_ids for c in _greedy(tp)] == [c.token_ids for c in _greedy(transformers_engine(models[1]))]
     finally:
         tp.close()
 
@@ -137,7 +137,7 @@ def test_seeded_sampling_when_prompts_exceed_one_step(models):
     """64 seeded samples of 100-token prompts hold more prompt tokens than vLLM schedules in one step (4096 on
     CPU).  With chunked prefill, vLLM rewound the seeded generator of a request it had prefilled in part, and
     a CPU torch.Generator cannot rewind: the engine died with 'CPU Generator does not use offset'."""
-    from hpc_rlhf.engines.vllm_engine import VllmEngine
+    from hpc_rlhf.generation.vllm import VllmEngine
     eng = VllmEngine(str(models[0]), dtype="fp32", max_model_len=128, max_num_seqs=64)
     try:
         prompts = [[(7 * i + j) % 250 for j in range(100)] for i in range(64)]

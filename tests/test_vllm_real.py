@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from hpc_rlhf.engines.hf_engine import HFEngine
-from hpc_rlhf.engines.rollout import SamplingParams
+from hpc_rlhf.generation.factory import transformers_engine
+from hpc_rlhf.generation.engine import SamplingParams
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real]
 
@@ -20,7 +20,7 @@ QUESTIONS = ["What is the capital of France? Answer in one word.", "What is 2+3?
 def setup(real_model):
     from transformers import AutoTokenizer
 
-    from hpc_rlhf.engines.vllm_engine import VllmEngine
+    from hpc_rlhf.generation.vllm import VllmEngine
     tok = AutoTokenizer.from_pretrained(real_model)
     prompts = []
     for q in QUESTIONS:
@@ -48,7 +48,7 @@ def _check_parity(ours, theirs, tol):
 
 def test_greedy_parity_on_chat_prompts(setup, real_model):
     eng, prompts, tok = setup
-    ours, theirs = _greedy(eng, prompts), _greedy(HFEngine(real_model), prompts)
+    ours, theirs = _greedy(eng, prompts), _greedy(transformers_engine(real_model), prompts)
     _check_parity(ours, theirs, 2e-3)
     assert ours[0].finish_reason == "stop" and ours[0].token_ids[-1] == IM_END
     assert "Paris" in tok.decode(ours[0].token_ids)
@@ -73,7 +73,7 @@ def test_weight_sync_is_followed(setup, real_model):
     eng.update_weights(changed)
     print(f"vllm weight sync of {len(changed)} tensors: {time.time() - t0:.2f} s")
     assert eng.weight_version == version + 1
-    after, want = _greedy(eng, prompts), _greedy(HFEngine(actor), prompts)
+    after, want = _greedy(eng, prompts), _greedy(transformers_engine(actor), prompts)
     assert [c.token_ids for c in after] != [c.token_ids for c in before]  # the change shows
     _check_parity(after, want, 2e-3)
     base = AutoModelForCausalLM.from_pretrained(real_model, dtype=torch.float32)

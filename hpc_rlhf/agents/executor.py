@@ -21,8 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..engines.rollout import FINISH_LENGTH, FINISH_STOP, SamplingParams
-from ..engines.seeds import sample_seed
+from ..generation.engine import FINISH_LENGTH, FINISH_STOP, sample_seed, SamplingParams
 from .feedback import FeedbackFormat
 
 log = logging.getLogger("hpc_rlhf.agents")
@@ -73,7 +72,7 @@ class Trajectory:
 
 
 class Executor(abc.ABC):
-    """Turns requests into trajectories with ``engine`` (any :class:`~hpc_rlhf.engines.rollout.RolloutEngine`)."""
+    """Turns requests into trajectories with ``engine`` (any :class:`~hpc_rlhf.generation.engine.RolloutEngine`)."""
 
     @abc.abstractmethod
     def run(self, engine, requests: list[Request], params: SamplingParams) -> list[Trajectory]:

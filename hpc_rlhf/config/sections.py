@@ -27,7 +27,7 @@ class EngineOptions:
                                             "kernels compiled on first use with the machine's C++ compiler and "
                                             "cached take every matrix product (the RMS norm, silu(gate) * up and "
                                             "the residual on the way), each decode step's rotary embedding, cache "
-                                            "write and attention (hpc_rlhf/engines/few_rows.py; a warning and "
+                                            "write and attention (hpc_rlhf/generation/lean/few_rows.py; a warning and "
                                             "PyTorch's operations where they cannot be built); false: PyTorch's "
                                             "operations (oneDNN's products)")
     vllm_max_model_len: int | None = field(None, ge=1, help="vllm: longest prompt + response (default: the model's)")

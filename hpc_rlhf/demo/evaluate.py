@@ -9,8 +9,8 @@ from ..config.rl import AgentConfig
 from ..config.preference import PairDataConfig
 from ..data.packing import collate_padded
 from ..data.preference import load_pairs
-from ..engines.hf_engine import HFEngine
-from ..engines.rollout import SamplingParams
+from ..generation.factory import transformers_engine
+from ..generation.engine import SamplingParams
 from ..models.loading import load_tokenizer
 from ..rewards.model import RewardModelScorer
 from ..roles.rollout import stop_token_ids
@@ -52,7 +52,7 @@ def environment_eval(model_dir, rows: list[dict], env_file, max_turns: int, max_
     executor = make_executor(agent, tokenizer, stop)
     requests = [Request(tokenizer(r["input"], add_special_tokens=False)["input_ids"], r["input"], r["label"], seed=i)
                 for i, r in enumerate(rows)]
-    trajectories = executor.run(HFEngine(model_dir, max_batch_size=256), requests,
+    trajectories = executor.run(transformers_engine(model_dir, max_batch_size=256), requests,
                                 SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stop))
     keys = sorted({k for t in trajectories for k in t.extra_logs})
     return {k: sum(t.extra_logs.get(k, 0.0) for t in trajectories) / max(len(trajectories), 1) for k in keys}

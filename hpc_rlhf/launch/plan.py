@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..distributed.weight_sync import BUCKET_BYTES
-from ..engines.lean_decoder import SUPPORTED as LEAN_SUPPORTED
+from ..generation.factory import packs_weights
 from . import memory
 from .job import JobComponent, components, is_hetjob
 from .sbatch import render
@@ -61,7 +61,7 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
         on_cpu = not next(c for c in comps if "rollout" in c.placement.roles).resources.gpus_per_task
         out["rollout"] = memory.generating(
             actor, m.param_dtype, min(per_rank, r.max_batch_size), seq,
-            packed=r.engine == "hf" and r.lean_decoder and actor.model_type in LEAN_SUPPORTED,
+            packed=packs_weights(r.engine, r.lean_decoder, actor.model_type),
             preallocated_kv=r.vllm_cpu_kv_cache_gib * 2 ** 30 if r.engine == "vllm" and on_cpu else None)
         # a weights bridge between CPU components: the transformers engines' weights live in shared memory that
         # the actor leader maps and writes; vLLM's load from two shared-memory slots that both sides map

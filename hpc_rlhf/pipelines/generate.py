@@ -16,9 +16,8 @@ from ..data.prompts import build_prompts
 from ..data.rows import BadRows, DataError
 from ..data.sources import load_source
 from ..distributed.env import shutdown
-from ..engines.factory import make_engine
-from ..engines.rollout import SamplingParams
-from ..engines.seeds import sample_seed
+from ..generation.factory import make_engine
+from ..generation.engine import sample_seed, SamplingParams
 from ..models.loading import load_tokenizer, resolve_pretrained
 from ..roles.rollout import stop_token_ids
 from .common import PartWriter, device, join, shard_bounds

@@ -6,9 +6,8 @@ from transformers import GenerationConfig
 from ..agents import Request, make_executor
 from ..config.rl import RLConfig
 from ..data.prompts import Prompt
-from ..engines.factory import make_engine as build
-from ..engines.rollout import SamplingParams
-from ..engines.seeds import sample_seed
+from ..generation.factory import make_engine as build
+from ..generation.engine import sample_seed, SamplingParams
 from ..models.loading import resolve_pretrained
 from .experience import Experience
 

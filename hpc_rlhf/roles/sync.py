@@ -14,7 +14,7 @@ import torch
 from ..distributed.weight_sync import (BUCKET_BYTES, Channel, actor_buckets, full_items, largest_bucket_bytes,
                                       lora_items, receive_weights, send_weights)
 from ..distributed.worlds import RoleContext
-from ..engines.rollout import combine_checksums, tensor_part_checksum
+from ..generation.engine import combine_checksums, tensor_part_checksum
 
 
 class WeightSync:

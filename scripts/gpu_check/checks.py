@@ -243,15 +243,15 @@ def same_samples(engines: list[tuple[str, dict]]) -> dict:
     seeds, after a warm-up each: the same tokens in every row and log-probs within ``ENGINE_LOGPROB_TOL``."""
     import torch
 
-    from hpc_rlhf.engines.hf_engine import HFEngine
-    from hpc_rlhf.engines.rollout import SamplingParams
+    from hpc_rlhf.generation.factory import transformers_engine
+    from hpc_rlhf.generation.engine import SamplingParams
 
     prompts = [[72, 101, 108, 108, 111], [1, 2], [200, 13, 40, 41, 42, 43, 44, 45, 46], [99]] * 4
     params = SamplingParams(temperature=1.0, max_new_tokens=24, stop_token_ids=[3, 7])
     seeds = list(range(100, 116))
     runs, seconds, graphed = [], [], []
     for _, kwargs in engines:
-        engine = HFEngine(**kwargs)
+        engine = transformers_engine(**kwargs)
         expect(engine._lean is not None, "the lean decoder does not take the tiny llama", {})
         graphed.append(engine._lean.graphed(engine.device))
         engine.generate(prompts, params, seeds)  # warm-up

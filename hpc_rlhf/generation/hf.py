@@ -8,8 +8,7 @@ from collections.abc import Iterable
 import torch
 from transformers import AutoModelForCausalLM
 
-from .lean_decoder import LeanDecoder, lean_supported
-from .rollout import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, tensor_checksum
+from .engine import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, tensor_checksum
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
            "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -65,6 +64,13 @@ def inverse_cdf_sample(filtered: torch.Tensor, uniforms: torch.Tensor) -> torch.
     return torch.searchsorted(cdf, target).squeeze(-1)
 
 
+class _Cache:
+    """A batch's transformers cache and attention mask, as the decode steps advance them."""
+
+    def __init__(self, past, mask: torch.Tensor):
+        self.past, self.mask = past, mask
+
+
 class HFEngine(RolloutEngine):
     """In-process generation with a transformers ``AutoModelForCausalLM``.
 
@@ -76,15 +82,11 @@ class HFEngine(RolloutEngine):
     ``seeds[i]`` (one uniform per generated token, ``inverse_cdf_sample``), so its tokens depend only on its
     prompt, its seed and the weights, and its random numbers are the same on every device.  A decode step
     waits for the device once (for the rows that finished); tokens and log-probabilities stay on the device
-    until the batch is done.  Llama-family models decode through ``LeanDecoder`` (``lean=False`` keeps the
-    transformers forward with its cache).  On CUDA the lean decoder replays each decode step as a CUDA graph
-    (``cuda_graphs``); finished rows then stay in the batch to its end, as the graph's shapes are fixed.  On the
-    CPU in fp32 a prompt's samples share its prefilled cache (``shared_prefix``; ``LeanDecoder.select_rows``), and
-    products of a few rows go to a compiled kernel (``few_row_kernel``; ``few_rows``).
+    until the batch is done.  The decode runs through four hooks (``_prefill``, ``_select_rows``, ``_decode``,
+    ``_release``) and ``_compacts``, which the lean engine (``generation/lean/``) overrides.
     """
 
-    def __init__(self, model_path_or_module, dtype="fp32", device="cpu", max_batch_size: int = 64,
-                 lean: bool = True, cuda_graphs: bool = True, shared_prefix: bool = True, few_row_kernel: bool = True):
+    def __init__(self, model_path_or_module, dtype="fp32", device="cpu", max_batch_size: int = 64):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
@@ -101,8 +103,6 @@ class HFEngine(RolloutEngine):
             raise ValueError(f"{type(self.model).__name__}.forward takes no position_ids: left-padded "
                              "batches would shift the positions of short prompts")
         self._logits_to_keep = "logits_to_keep" in forward_args
-        self._lean = (LeanDecoder(self.model, cuda_graphs, shared_prefix, few_row_kernel=few_row_kernel)
-                      if lean and lean_supported(self.model) else None)
         cfg = getattr(self.model, "config", None)
         self.max_positions = None
         for name in ("max_position_embeddings", "n_positions"):
@@ -155,6 +155,33 @@ class HFEngine(RolloutEngine):
         out = self.model(**kwargs)
         return out.logits[:, -1, :].float(), out.past_key_values
 
+    # the decode hooks: a batch's cache is the transformers cache and the attention mask (``_Cache``)
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, max_len: int):
+        """The batch's distinct prompts (left-padded ``ids`` [R, W], their ``mask`` and positions ``pos``; at most
+        ``max_len`` positions with the new tokens): the logits of each row's last position (float32 [R, V]) and
+        the batch's cache."""
+        logits, past = self._forward(ids, mask, pos, None)
+        return logits, _Cache(past, mask)
+
+    def _select_rows(self, cache, rows: torch.Tensor) -> None:
+        """Keep (or repeat) the cache's rows ``rows``, in that order."""
+        cache.past.reorder_cache(rows)
+        cache.mask = cache.mask.index_select(0, rows)
+
+    def _decode(self, cache, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """One decode step: each row's next token ``tokens`` [R, 1] at ``pos`` [R, 1]: its logits (float32 [R, V])."""
+        cache.mask = torch.cat([cache.mask, torch.ones((cache.mask.shape[0], 1), dtype=cache.mask.dtype,
+                                                       device=cache.mask.device)], dim=-1)
+        logits, cache.past = self._forward(tokens, cache.mask, pos, cache.past)
+        return logits
+
+    def _compacts(self) -> bool:
+        """Whether finished rows may leave the batch (not under a CUDA graph, whose shapes are fixed)."""
+        return True
+
+    def _release(self, cache) -> None:
+        """The batch is done."""
+
     def _generate_batch(self, prompts, params: SamplingParams, seeds) -> list[Completion]:
         dev = self.device
         n = len(prompts)
@@ -175,23 +202,14 @@ class HFEngine(RolloutEngine):
         streams = None if params.greedy else [random.Random(int(x)) for x in seeds]
         stop = torch.tensor(params.stop_token_ids or [-1], dtype=torch.long, device=dev)
 
-        lean = self._lean
-        if lean is not None:  # same math as the transformers forward, far fewer Python calls per token
-            lean.start(len(unique), width + params.max_new_tokens, self.dtype, dev)
-            logits = lean.forward(ids, pos, mask.bool()).float()
-        else:
-            logits, past = self._forward(ids, mask, pos, None)
+        logits, cache = self._prefill(ids, mask, pos, width + params.max_new_tokens)
         if len(unique) < n:
             logits = logits.index_select(0, row_of)
-            if lean is not None:
-                lean.select_rows(row_of)
-            else:
-                past.reorder_cache(row_of)
-            mask = mask.index_select(0, row_of)
+            self._select_rows(cache, row_of)
         # Batch row r is sample live[r] (a host list; live_dev is the same on the device).  Rows that finish
         # stay in the batch (fed the pad token) until they are a quarter of it; then the batch keeps only the
         # unfinished rows (early finish: the decode steps after that compute only them), except under a CUDA graph.
-        compact = lean is None or not lean.graphed(dev)
+        compact = self._compacts()
         live = list(range(n))
         live_dev = torch.arange(n, device=dev)
         finished = torch.zeros(n, dtype=torch.bool, device=dev)
@@ -220,20 +238,11 @@ class HFEngine(RolloutEngine):
                 keep_dev = torch.tensor(keep, device=dev)
                 live_dev, chosen, next_pos, finished = (t.index_select(0, keep_dev)
                                                         for t in (live_dev, chosen, next_pos, finished))
-                if lean is not None:
-                    lean.select_rows(keep_dev)
-                else:
-                    past.reorder_cache(keep_dev)
-                    mask = mask.index_select(0, keep_dev)
-            if lean is not None:
-                logits = lean.decode(chosen[:, None], next_pos).float()
-            else:
-                mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=-1)
-                logits, past = self._forward(chosen[:, None], mask, next_pos, past)
+                self._select_rows(cache, keep_dev)
+            logits = self._decode(cache, chosen[:, None], next_pos)
             next_pos = next_pos + 1
 
-        if lean is not None:
-            lean.release()
+        self._release(cache)
         tok = tokens[:, :step + 1].cpu().tolist()
         lps = logprobs[:, :step + 1].cpu()
         stop_set = set(params.stop_token_ids)
@@ -282,11 +291,6 @@ class HFEngine(RolloutEngine):
         targets = self._named_targets()
         for name, t in named_tensors:
             targets[name].data = t  # a tied alias takes the view of the name that comes last: both are written
-
-    def finish_weight_update(self) -> None:
-        if self._lean is not None:
-            self._lean.weights_changed()  # shared weights change in place, unseen by the tensors' versions
-        super().finish_weight_update()
 
     def state_checksum(self) -> float:
         return tensor_checksum(self.model.named_parameters())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import abc
+import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -163,3 +164,17 @@ def tensor_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> float:
     """Checksum of named tensors: ``combine_checksums`` of their ``tensor_part_checksum``; the same on
     the sender (actor) and on any engine, whatever order or chunking the tensors come in."""
     return combine_checksums({name: tensor_part_checksum(t) for name, t in named})
+
+_MASK63 = (1 << 63) - 1
+
+
+def sample_seed(base_seed: int, step: int, prompt_index: int, sample_index: int) -> int:
+    """A 63-bit seed for one sample: blake2b of the four numbers (each as 16 signed little-endian bytes).
+
+    The result depends only on the four numbers (not on the process, the platform or the Python hash
+    seed), so a sample can be reproduced without replaying the samples before it.
+    """
+    data = b"".join(int(x).to_bytes(16, "little", signed=True)
+                    for x in (base_seed, step, prompt_index, sample_index))
+    digest = hashlib.blake2b(data, digest_size=8, person=b"hpc_rlhf.seed").digest()
+    return int.from_bytes(digest, "little") & _MASK63

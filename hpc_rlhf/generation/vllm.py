@@ -11,7 +11,7 @@ update follows vLLM's layerwise-reload life cycle: ``initialize_layerwise_reload
 backend's post-processing of the loaded weights (on CPU the linear layers are repacked), and a
 prefix-cache reset so that no KV block computed with the old weights is reused.
 
-Sampling matches :class:`~hpc_rlhf.engines.rollout.SamplingParams`: the stop tokens are passed
+Sampling matches :class:`~hpc_rlhf.generation.engine.SamplingParams`: the stop tokens are passed
 explicitly (``ignore_eos`` so the model's own EOS is not added behind our back) and kept in the
 output, ``seed`` is per request (from step, prompt and sample), and log-probs are vLLM's
 ``raw_logprobs`` (the model's distribution before temperature, top-k and top-p), as the interface
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .rollout import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, combine_checksums, \
+from .engine import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, combine_checksums, \
     tensor_part_checksum
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

@@ -12,7 +12,7 @@
 // and cache write (rope_store) are one pass; its attention (attend_one), at any row count and over a shared prompt
 // prefix too, takes a row's key/value head with all the query heads that read it in one task, so that its keys
 // and values come from memory once (the other heads find them in cache).  Built on first use by
-// hpc_rlhf/engines/few_rows.py.
+// hpc_rlhf/generation/lean/few_rows.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>

@@ -16,7 +16,7 @@ values at about the copy rate (``benchmarks/decode_attention.py``).
 ``linear_rows`` reads each weight in its ``nn.Linear`` layout (no copy); the decoder makes the panels again after
 its weights change.  The kernels are compiled with the machine's C++ compiler through ``torch.utils.cpp_extension``
 on first use (about 40 s) and cached by PyTorch (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``);
-``python -m hpc_rlhf.engines.few_rows`` builds them ahead (``scripts/setup_env.sh`` does).  Where they cannot be
+``python -m hpc_rlhf.generation.lean.few_rows`` builds them ahead (``scripts/setup_env.sh`` does).  Where they cannot be
 built (not an x86 CPU with AVX2, no compiler or headers) ``kernel()`` logs why once and returns None, and the
 decoder keeps PyTorch's operations.
 """
