@@ -128,7 +128,7 @@ def charts(runs: list[Run]) -> list[Chart]:
     """Every chart of a report, in the order the html shows them (those without data are left out later)."""
     return [
         Chart("reward", "Mean reward of the training samples of each RL step (`reward/mean`).",
-              (Panel("reward/mean", "Reward of the training samples", "reward (mean over the step's samples)"),)),
+              (Panel("reward/mean", "Reward of the training samples", "reward (mean of the step)"),)),
         eval_chart(runs),
         Chart("kl", "KL between the policy and the reference on the training samples (`kl`: the estimator's "
                     "mean per response token).",
