@@ -383,3 +383,16 @@ def test_no_stop_token_before_min_new_tokens(engine):
     assert all(not {stop, EOS} & set(r.token_ids[:4]) and len(r.token_ids) >= 4 for r in rows)
     with pytest.raises(ValueError, match="min_new_tokens must be in"):
         SamplingParams(max_new_tokens=4, min_new_tokens=5)
+
+
+def test_factory_picks_the_lean_engine_where_it_runs(model_dirs):
+    """transformers_engine: the lean engine for a llama model (unless lean=False), the plain one for gpt2, which the
+    lean engine refuses with one line."""
+    from hpc_rlhf.generation.hf import HFEngine
+    from hpc_rlhf.generation.lean.engine import LeanEngine
+    assert isinstance(transformers_engine(model_dirs[("llama", 0)]), LeanEngine)
+    assert type(transformers_engine(model_dirs[("llama", 0)], lean=False)) is HFEngine
+    assert type(transformers_engine(model_dirs[("gpt2", 0)])) is HFEngine
+    with pytest.raises(ValueError, match=r"^the lean engine does not run GPT2LMHeadModel \(gpt2\): use the "
+                                         r"transformers engine$"):
+        LeanEngine(model_dirs[("gpt2", 0)])
