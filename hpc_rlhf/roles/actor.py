@@ -1,7 +1,6 @@
 """The actor: the policy under training.  Old log-probs in the score phase, PPO-style updates in train."""
 from __future__ import annotations
 
-
 import torch
 
 from ..algorithms.mismatch import mismatch_metrics

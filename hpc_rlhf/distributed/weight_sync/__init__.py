@@ -16,13 +16,10 @@ transport chosen once per ``weights`` bridge.
   can take shared tensors as their parameters): a sync is the leader's one copy.
 - ``shm``: what the two shared-memory transports share: the files' place, the offer and its answer.
 """
-from .channel import Channel, Sent, actor_buckets, receive_weights, send_weights
-from .plan import (BUCKET_BYTES, Bucket, ParamSpec, SyncItem, full_items, hf_name, largest_bucket_bytes, lora_items,
-                   plan_buckets, unpack)
+from .channel import Channel, actor_buckets, receive_weights, send_weights
+from .plan import BUCKET_BYTES, ParamSpec, SyncItem, full_items, largest_bucket_bytes, lora_items
 from .shared import SharedWeights, shared_layout
 from .slots import SharedSlots
-from .transport import Transport
 
-__all__ = ["BUCKET_BYTES", "Bucket", "Channel", "ParamSpec", "Sent", "SharedSlots", "SharedWeights", "SyncItem",
-           "Transport", "actor_buckets", "full_items", "hf_name", "largest_bucket_bytes", "lora_items",
-           "plan_buckets", "receive_weights", "send_weights", "shared_layout", "unpack"]
+__all__ = ["BUCKET_BYTES", "Channel", "ParamSpec", "SharedSlots", "SharedWeights", "SyncItem", "actor_buckets",
+           "full_items", "largest_bucket_bytes", "lora_items", "receive_weights", "send_weights", "shared_layout"]
