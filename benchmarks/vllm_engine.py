@@ -111,7 +111,7 @@ def sync_receiver(folder: str, kind: str, port: int, name: str, repeats: int, ti
     import torch.distributed as dist
 
     from hpc_rlhf.distributed.collectives import Bridge
-    from hpc_rlhf.distributed.weight_sync import receive_weights
+    from hpc_rlhf.distributed.weight_sync.channel import receive_weights
 
     t0 = time.perf_counter()
     engine = make_engine(kind, Path(folder), max_model_len=64, max_seqs=8)
@@ -143,7 +143,8 @@ def weight_sync(args, root: Path, store) -> dict:
     from transformers import AutoModelForCausalLM
 
     from hpc_rlhf.distributed.collectives import Bridge
-    from hpc_rlhf.distributed.weight_sync import actor_buckets, full_items, send_weights
+    from hpc_rlhf.distributed.weight_sync.channel import actor_buckets, send_weights
+    from hpc_rlhf.distributed.weight_sync.plan import full_items
     from hpc_rlhf.generation.factory import transformers_engine
     from hpc_rlhf.generation.engine import tensor_checksum
 

@@ -42,7 +42,9 @@ def _rank(rank: int, port: int, model: str, threads: int, reps: int, out) -> Non
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from hpc_rlhf.distributed import weight_sync as ws
+    from hpc_rlhf.distributed.weight_sync import BUCKET_BYTES
+    from hpc_rlhf.distributed.weight_sync import channel as ch
+    from hpc_rlhf.distributed.weight_sync.plan import full_items, largest_bucket_bytes
     from hpc_rlhf.distributed.collectives import Bridge
     from hpc_rlhf.generation.factory import transformers_engine
     torch.set_num_threads(threads)
@@ -50,22 +52,22 @@ def _rank(rank: int, port: int, model: str, threads: int, reps: int, out) -> Non
     bridge = Bridge("weights", [0, 1], rank, store, 300)
     dtype = torch.float32
     if rank == 0:
-        items = ws.full_items(AutoModelForCausalLM.from_pretrained(model, dtype=dtype))
-        slot_bytes = ws.largest_bucket_bytes(items, dtype, ws.BUCKET_BYTES)
+        items = full_items(AutoModelForCausalLM.from_pretrained(model, dtype=dtype))
+        slot_bytes = largest_bucket_bytes(items, dtype, BUCKET_BYTES)
     else:
         engine = transformers_engine(model, dtype="fp32")
     result = {}
     for transport in TRANSPORTS:
-        channel = {"broadcast": None, "slots": ws.Channel(share=False), "shared_weights": ws.Channel()}[transport]
+        channel = {"broadcast": None, "slots": ch.Channel(share=False), "shared_weights": ch.Channel()}[transport]
         times = []
         for _ in range(reps + 1):
             bridge.barrier()
             t0 = time.perf_counter()
             if rank == 0:
-                ws.send_weights(bridge, ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES, channel), True,
+                ch.send_weights(bridge, ch.actor_buckets(items, False, dtype, BUCKET_BYTES, channel), True,
                                 channel=channel, slot_bytes=slot_bytes, specs=[it.spec for it in items], dtype=dtype)
             else:
-                ws.receive_weights(bridge, engine, dtype, channel)
+                ch.receive_weights(bridge, engine, dtype, channel)
             bridge.barrier()  # the leader's send ends before the last load: time until both are done
             times.append(time.perf_counter() - t0)
         result[transport] = times[1:]
@@ -73,9 +75,9 @@ def _rank(rank: int, port: int, model: str, threads: int, reps: int, out) -> Non
             want = {"slots": "slots", "shared_weights": "shared"}[transport]
             result[f"{transport}_mapped"] = channel.transport.name == want
     if rank == 0:
-        buckets = list(ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES))  # warm: the allocator
+        buckets = list(ch.actor_buckets(items, False, dtype, BUCKET_BYTES))  # warm: the allocator
         t0 = time.perf_counter()
-        buckets = list(ws.actor_buckets(items, False, dtype, ws.BUCKET_BYTES))
+        buckets = list(ch.actor_buckets(items, False, dtype, BUCKET_BYTES))
         result["pack_s"] = time.perf_counter() - t0
         result["bytes"] = sum(b.flat.numel() * b.flat.element_size() for b in buckets)
     else:

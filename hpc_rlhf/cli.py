@@ -12,7 +12,7 @@ if sys.argv[1:2] == ["train"]:  # a training rank: `hpc-rlhf train`, as the laun
     load_torch()  # first: how OpenMP threads wait is fixed when torch loads it (distributed/openmp.py)
 
 from .agents import AgentError  # noqa: E402
-from .checkpoint.store import CheckpointError  # noqa: E402
+from .checkpoint.layout import CheckpointError  # noqa: E402
 from .commands import setup_logging  # noqa: E402
 from .config import ConfigError  # noqa: E402
 from .data.rows import DataError  # noqa: E402
@@ -20,8 +20,8 @@ from .distributed.rendezvous import adopt_slurm_rendezvous  # noqa: E402
 from .engines.deepspeed_strategy import configure_deepspeed_env  # noqa: E402
 from .entrypoints import demo, pipelines, tools, train  # noqa: E402
 from .models.gguf import GGUFImportError  # noqa: E402
-from .models.loading import HubOfflineError  # noqa: E402
-from .rewards.types import RewardError  # noqa: E402
+from .models.paths import HubOfflineError  # noqa: E402
+from .rewards.errors import RewardError  # noqa: E402
 
 
 def _collect_once_at_exit() -> None:

@@ -20,13 +20,13 @@ from .config import ConfigError, dump_yaml, reference
 from .config import load_config as parse_config
 from .config.base import leaf_values
 from .data.rows import DataError
-from .data.sources import check_source
+from .data.locate import check_source
 from .distributed.preemption import EXIT_STOPPED, RunStopped
 from .distributed.rendezvous import restart_count
 from .logging import wandb_sink
-from .models.loading import HubOfflineError, resolve_pretrained
-from .rewards.reward_file import check_reward_source
-from .rewards.types import RewardFileError
+from .models.paths import HubOfflineError, resolve_pretrained
+from .rewards.builtins import check_reward_source
+from .rewards.errors import RewardFileError
 
 TRAIN = "train "  # the trainers' commands: `hpc-rlhf train NAME`, also planned and submitted to SLURM
 
@@ -45,7 +45,7 @@ _OFFLINE = "hpc_rlhf.trainers.offline:run_offline"
 COMMANDS: dict[str, Command] = {
     "train sft": Command("hpc_rlhf.config.sft:SFTConfig", "hpc_rlhf.trainers.offline:run_sft"),
     "train rl": Command("hpc_rlhf.config.rl:RLConfig", "hpc_rlhf.trainers.rl:run_rl",
-                        plan="hpc_rlhf.trainers.rl:plan_from_config"),
+                        plan="hpc_rlhf.trainers.placement:plan_from_config"),
     "train rm": Command("hpc_rlhf.config.preference:RMConfig", _OFFLINE),
     "train dpo": Command("hpc_rlhf.config.preference:DPOConfig", _OFFLINE),
     "train kto": Command("hpc_rlhf.config.preference:KTOConfig", _OFFLINE),
@@ -61,7 +61,7 @@ COMMANDS: dict[str, Command] = {
                      prints_summary=True,
                      help="add reward-model scores to the rows of a jsonl file (sharded over ranks)"),
     "eval": Command("hpc_rlhf.config.evaluation:EvalRunConfig", "hpc_rlhf.trainers.rl:run_eval",
-                    plan="hpc_rlhf.trainers.rl:eval_plan", prints_summary=True,
+                    plan="hpc_rlhf.trainers.placement:eval_plan", prints_summary=True,
                     help="n samples per prompt scored by a reward or verifier: pass@k, avg@n, maj@k "
                          "(docs/eval.md)"),
     "iterative-dpo": Command("hpc_rlhf.config.pipelines:IterativeDPOConfig",

@@ -19,7 +19,7 @@ def _free_port() -> int:
 def _entry(rank: int, world: int, port: int, out: str, fn, args) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from hpc_rlhf.distributed.env import init_distributed, shutdown
+    from hpc_rlhf.distributed.process_group import init_distributed, shutdown
     init_distributed("gloo")
     try:
         result = fn(*args)

@@ -51,11 +51,12 @@ def start_rl(config: dict, root: Path, name: str, *extra: str) -> subprocess.Pop
 
 
 def finish_rl(proc: subprocess.Popen, root: Path, name: str, timeout: int = 400) -> list[dict]:
-    """Wait for a run of ``start_rl``; it must succeed.  Its metrics rows."""
+    """Wait for a run of ``start_rl``; it must succeed.  Its metrics rows (its log: root/name.log)."""
     try:
         _, stderr = proc.communicate(timeout=timeout)
     finally:
         proc.kill()
+    (root / f"{name}.log").write_text(stderr)
     assert proc.returncode == 0, stderr[-5000:]
     return [json.loads(x) for x in (root / name / "metrics.jsonl").read_text().splitlines()]
 

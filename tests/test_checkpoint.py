@@ -11,8 +11,8 @@ import torch
 
 from hpc_rlhf.checkpoint.existing import IGNORED, choose, config_differences
 from hpc_rlhf.checkpoint.manifest import HASHED_UP_TO, MANIFEST
-from hpc_rlhf.checkpoint.store import (CheckpointError, committed_steps, load_checkpoint, newest_intact,
-                                       save_checkpoint)
+from hpc_rlhf.checkpoint.layout import CheckpointError, committed_steps, newest_intact
+from hpc_rlhf.checkpoint.store import load_checkpoint, save_checkpoint
 from hpc_rlhf.config import ConfigError, SFTConfig, dump_yaml, load_config
 from hpc_rlhf.config.base import leaf_paths
 from hpc_rlhf.config.rl import RLConfig

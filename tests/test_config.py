@@ -95,7 +95,7 @@ def test_example_configs_parse():
     from pathlib import Path
 
     from hpc_rlhf.config.rl import RLConfig
-    from hpc_rlhf.trainers.rl import plan_from_config
+    from hpc_rlhf.trainers.placement import plan_from_config
     examples = Path(__file__).parents[1] / "examples"
     for f in sorted(examples.glob("sft*.yaml")):
         load_config(SFTConfig, f)

@@ -15,6 +15,7 @@ from hpc_rlhf.launch import memory
 from hpc_rlhf.launch.job import components, is_hetjob
 from hpc_rlhf.distributed.preemption import NONE, STOP, STOP_AND_REQUEUE, StopRequest
 from hpc_rlhf.launch.sbatch import render
+from hpc_rlhf.models.shape import ModelShape, model_shape
 from hpc_rlhf.distributed.rendezvous import expand_hostlist, in_slurm_step, rendezvous_port, slurm_rendezvous
 
 
@@ -77,7 +78,7 @@ def _rl_cfg(*overrides):
 
 
 def test_het_script_one_block_per_role_group():
-    from hpc_rlhf.trainers.rl import plan_from_config
+    from hpc_rlhf.trainers.placement import plan_from_config
     cfg = _rl_cfg("slurm.roles.rollout.gpus_per_task=1", "slurm.setup=module load cuda/12.4")
     comps = components(cfg, plan_from_config(cfg))
     assert [(c.name, c.first_rank, c.ntasks) for c in comps] == [("actor+reference", 0, 1), ("reward", 1, 1),
@@ -104,10 +105,11 @@ def test_script_is_valid_bash():
 
 
 def test_memory_counts_by_hand():
-    shape = memory.ModelShape(params=1000, hidden=8, layers=2, kv_heads=2, head_dim=4, vocab=10, intermediate=32)
+    from hpc_rlhf.generation.specs import LEAN, TRANSFORMERS, VLLM
+    shape = ModelShape(params=1000, hidden=8, layers=2, kv_heads=2, head_dim=4, vocab=10, intermediate=32)
     # activations per token and layer: b * (11 h + 3 kv + 4 i) = b * (88 + 24 + 128) = 240 b
     assert memory.activation_bytes(shape, 2) == 480
-    assert memory.activation_bytes(memory.ModelShape(1000, 8, 2, 2, 4, gated=False), 4) == 4 * (88 + 24 + 2 * 32)
+    assert memory.activation_bytes(ModelShape(1000, 8, 2, 2, 4, gated=False), 4) == 4 * (88 + 24 + 2 * 32)
     # bf16 weights 2 B/param; ZeRO-2 over 4 ranks shards gradients (2000/4) and AdamW
     # (8 B moments + 4 B fp32 master = 12000 B, /4); activations 480 B * (2*16 tokens) * 2 layers
     assert memory.trained(shape, "bf16", 2, 4, False, False, 2, 16, False) == {
@@ -118,14 +120,17 @@ def test_memory_counts_by_hand():
         "weights": 2000, "gradients": 2000, "optimizer": 4000, "activations": 960 * 10 * 2, "logits": 3 * 4 * 6 * 10}
     # gradient checkpointing: each layer's input (4 B * 8 hidden per token and layer) plus one full layer
     assert memory.trained(shape, "fp32", 0, 1, True, False, 1, 10, True)["activations"] == 4 * 8 * 10 * 2 + 960 * 10
-    # the rollout's cache: 2 (k and v) * layers * kv_heads * head_dim * 2 B * sequences * length
-    assert memory.generating(shape, "bf16", 3, 5)["kv cache"] == 2 * 2 * 2 * 4 * 2 * 3 * 5
+    # the engines' memory models; the rollout's cache: 2 (k and v) * layers * kv_heads * head_dim * 2 B * sequences
+    # * length
+    assert TRANSFORMERS.memory(shape, "bf16", 3, 5) == {"weights": 2000, "kv cache": 2 * 2 * 2 * 4 * 2 * 3 * 5}
     # the lean decoder's packed copy: all weights but the untied input embedding (10 x 8), or all when tied
-    assert memory.generating(shape, "fp32", 3, 5, packed=True)["packed weights"] == (1000 - 80) * 4
-    tied = memory.ModelShape(1000, 8, 2, 2, 4, vocab=10, tied=True)
-    assert memory.generating(tied, "fp32", 3, 5, packed=True)["packed weights"] == 4000
-    assert memory.generating(shape, "fp32", 3, 5, preallocated_kv=7) == {"weights": 4000,
-                                                                          "kv cache (preallocated)": 7}
+    assert LEAN.memory(shape, "fp32", 3, 5) == {"weights": 4000, "packed weights": (1000 - 80) * 4,
+                                                "kv cache": 2 * 2 * 2 * 4 * 4 * 3 * 5}
+    tied = ModelShape(1000, 8, 2, 2, 4, vocab=10, tied=True)
+    assert LEAN.memory(tied, "fp32", 3, 5)["packed weights"] == 4000
+    # vLLM on a CPU: the cache it reserves (rollout.vllm_cpu_kv_cache_gib), on a GPU that of the sequences
+    assert VLLM.memory(shape, "fp32", 3, 5, cpu_kv_cache_gib=2) == {"weights": 4000, "kv cache (preallocated)": 2 << 30}
+    assert VLLM.memory(shape, "fp32", 3, 5, on_cpu=False) == TRANSFORMERS.memory(shape, "fp32", 3, 5)
     # the weight sync's two shared slots: each the bucket (here 100 B), or the model when smaller (1000 params
     # * 2 B), or the embedding (10 x 8 x 4 B = 320 B) when larger than the bucket
     assert memory.weight_slots(shape, "fp32", 100) == 2 * 320
@@ -167,10 +172,10 @@ def test_plan_counts_the_weight_sync_memory_between_cpu_components(tmp_path):
     from hpc_rlhf.distributed.weight_sync import BUCKET_BYTES
     from hpc_rlhf.launch.plan import role_memory
     from hpc_rlhf.models.tiny import build_tiny_model
-    from hpc_rlhf.trainers.rl import plan_from_config
+    from hpc_rlhf.trainers.placement import plan_from_config
     model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64)
     args = [f"pretrain={model}", "prompt_data=p.jsonl", "reward_func=r.py", "param_dtype=fp32"]
-    shape = memory.model_shape(str(model))
+    shape = model_shape(str(model))
     slots = 2 * max(min(BUCKET_BYTES, shape.params * 4), shape.vocab * shape.hidden * 4)
     split = load_config(RLConfig, None, args + ["async_train=true", "colocate_actor_reward=true"])
     parts = role_memory(split, plan_from_config(split))

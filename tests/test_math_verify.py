@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_rlhf.rewards import RewardFileError, RewardFunction, load_reward_function
+from hpc_rlhf.rewards.errors import RewardFileError
+from hpc_rlhf.rewards.function import RewardFunction
+from hpc_rlhf.rewards.reward_file import load_reward_function
 from hpc_rlhf.rewards.math_verify import (MULTI, NUMBER, RATIO, TEXT, answer_span, canonical_number, normalise_number,
                                           normalise_text, parse_label, parse_numbers, reward_func, verify)
-from hpc_rlhf.rewards.reward_file import check_reward_source
+from hpc_rlhf.rewards.builtins import check_reward_source
 
 
 # -- numbers ---------------------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hpc_rlhf.config.sections import ModelConfig
 from hpc_rlhf.entrypoints.tools import add_lora_merge_args, lora_merge
-from hpc_rlhf.models.loading import (HubOfflineError, check_packing, load_causal_lm, load_tokenizer,
-                                     resolve_pretrained)
+from hpc_rlhf.models.loading import check_packing, load_causal_lm, load_tokenizer
 from hpc_rlhf.models.lora import merge_lora, save_lora_adapter
+from hpc_rlhf.models.paths import HubOfflineError, resolve_pretrained
 from hpc_rlhf.models.tiny import build_tiny_model
 
 SMALL = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64)

@@ -6,7 +6,10 @@ import time
 import pytest
 import torch
 
-from hpc_rlhf.rewards import RewardBatch, RewardError, RewardFileError, RewardFunction, load_reward_function
+from hpc_rlhf.rewards.errors import RewardError, RewardFileError
+from hpc_rlhf.rewards.function import RewardFunction
+from hpc_rlhf.rewards.reward_file import load_reward_function
+from hpc_rlhf.rewards.types import RewardBatch
 
 REWARD_FILE = '''
 import time
@@ -207,7 +210,7 @@ def tiny_rm(tmp_path_factory):
 
 
 def test_reward_model_scores_last_real_token(tiny_rm):
-    from hpc_rlhf.rewards import RewardModelScorer
+    from hpc_rlhf.rewards.model import RewardModelScorer
     path, rm = tiny_rm
     eos = rm.config.eos_token_id
     seqs = [[5, 6, 7], [10, 11, 12, 13, 14, 15, 16, eos], [3], [40, 41, 42, 43, eos], list(range(60, 90))]
@@ -240,7 +243,7 @@ def test_reward_model_scores_last_real_token(tiny_rm):
 def test_reward_model_normalisation_from_config(tiny_rm, tmp_path):
     import json
 
-    from hpc_rlhf.rewards import RewardModelScorer
+    from hpc_rlhf.rewards.model import RewardModelScorer
     path, _ = tiny_rm
     seqs = [[5, 6, 7], [8, 9]]
     raw = RewardModelScorer(path).score_tokens(seqs)

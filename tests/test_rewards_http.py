@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from hpc_rlhf.rewards import RemoteReward, RewardError, start_server
+from hpc_rlhf.rewards.client import RemoteReward
+from hpc_rlhf.rewards.errors import RewardError
+from hpc_rlhf.rewards.server import start_server
 from hpc_rlhf.entrypoints.tools import add_serve_reward_args, serve_reward
 from hpc_rlhf.rewards.server import read_token
 

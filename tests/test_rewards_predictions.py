@@ -8,7 +8,11 @@ import pytest
 from hpc_rlhf.commands import check_inputs
 from hpc_rlhf.config import ConfigError, load_config
 from hpc_rlhf.config.rl import RLConfig
-from hpc_rlhf.rewards import RemoteReward, RewardBatch, RewardFunction, combine, start_server
+from hpc_rlhf.rewards.client import RemoteReward
+from hpc_rlhf.rewards.function import RewardFunction
+from hpc_rlhf.rewards.server import start_server
+from hpc_rlhf.rewards.shaping import combine
+from hpc_rlhf.rewards.types import RewardBatch
 from hpc_rlhf.rewards.client import _TryError
 from hpc_rlhf.rewards.reward_file import parse_output
 from hpc_rlhf.roles.experience import Experience

@@ -4,8 +4,9 @@ import math
 import pytest
 import torch
 
-from hpc_rlhf.rewards import (RewardBatch, RunningMoments, clip_rewards, combine, normalize_rewards,
-                              overlong_penalty, truncation_penalty)
+from hpc_rlhf.rewards.shaping import (RunningMoments, clip_rewards, combine, normalize_rewards, overlong_penalty,
+                                      truncation_penalty)
+from hpc_rlhf.rewards.types import RewardBatch
 
 nan = float("nan")
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from hpc_rlhf.algorithms.eval_metrics import EvalSample, group_metrics
-from hpc_rlhf.checkpoint.store import committed_steps
+from hpc_rlhf.checkpoint.layout import committed_steps
 from rl_fixtures import make_assets, merged, run_rl
 
 LOGGING_REWARD = '''

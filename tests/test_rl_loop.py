@@ -45,6 +45,15 @@ def test_every_sync_delivers_the_actor_weights(ppo_run):
         assert sum(m[f"actor/{k}"] for k in ("forward_s", "backward_s", "optimizer_s")) <= m["time/train_s"]
 
 
+def test_the_run_says_first_which_rollout_engine_and_why(ppo_run, assets):
+    """Rank 0 (actor and reference) logs the rollout ranks' engine and why before anything else: a llama model on
+    CPU ranks, rollout.engine=auto: the lean engine."""
+    log = (assets[0] / "ppo.log").read_text()
+    first = next(line for line in log.splitlines() if "[rank 0] INFO hpc_rlhf" in line)
+    assert first.endswith("INFO hpc_rlhf.rl: rollout engine: lean (rollout.engine=auto: the rollout ranks have no "
+                          "CUDA, and the lean engine runs llama models)"), first
+
+
 def test_work_counters_match_a_hand_count(ppo_run):
     """The prompts in file order (data.shuffle_prompts off): step k takes rows 4k..4k+3, "i+(i % 7)=", 4 byte
     tokens for i < 10 and 5 above, 2 samples each.  The rollout engine prefills each distinct prompt once

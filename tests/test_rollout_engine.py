@@ -169,7 +169,8 @@ def test_shared_weights_written_by_another_mapping_are_what_it_generates_with(mo
     """The engine takes views of a shared file as its parameters; a second mapping of the file (as the actor
     leader's, in another process) writes new weights, which no tensor version of the engine sees: after
     finish_weight_update it generates what an engine loaded with those weights does."""
-    from hpc_rlhf.distributed.weight_sync import ParamSpec, SharedWeights, shared_layout
+    from hpc_rlhf.distributed.weight_sync.plan import ParamSpec
+    from hpc_rlhf.distributed.weight_sync.shared import SharedWeights, shared_layout
     eng = transformers_engine(model_dirs[("llama", 0)], lean=lean)
     other = transformers_engine(model_dirs[("llama", 1)], lean=lean)
     params = SamplingParams(temperature=0, max_new_tokens=10)
@@ -396,3 +397,22 @@ def test_factory_picks_the_lean_engine_where_it_runs(model_dirs):
     with pytest.raises(ValueError, match=r"^the lean engine does not run GPT2LMHeadModel \(gpt2\): use the "
                                          r"transformers engine$"):
         LeanEngine(model_dirs[("gpt2", 0)])
+
+
+@pytest.mark.parametrize("requested,model_type,cuda,vllm_found,want,why", [
+    ("auto", "llama", True, True, "vllm", "the rollout ranks have CUDA and vLLM is installed"),
+    ("auto", "gpt2", True, True, "vllm", "the rollout ranks have CUDA and vLLM is installed"),
+    ("auto", "llama", True, False, "lean", "vLLM is not installed, and the lean engine runs llama models"),
+    ("auto", "llama", False, True, "lean", "the rollout ranks have no CUDA, and the lean engine runs llama models"),
+    ("auto", "qwen2", False, False, "lean", "the rollout ranks have no CUDA, and the lean engine runs qwen2 models"),
+    ("auto", "gpt2", False, True, "hf", "the rollout ranks have no CUDA, and the lean engine does not run gpt2 models"),
+    ("hf", "llama", True, True, "hf", None), ("vllm", "gpt2", False, False, "vllm", None),
+    ("lean", "llama", True, True, "lean", None)])
+def test_engine_choice(requested, model_type, cuda, vllm_found, want, why):
+    """rollout.engine=auto: vLLM where the rollout ranks have CUDA and vLLM is installed, else the lean engine for the
+    architectures it runs, else plain transformers; a named engine is that engine.  The reason names what decided."""
+    from hpc_rlhf.generation.factory import choose
+    spec, reason = choose(requested, model_type, cuda, vllm_found)
+    assert spec.name == want
+    assert reason == (f"rollout.engine=auto: {why}" if why else f"rollout.engine={requested}")
+

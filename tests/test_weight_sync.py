@@ -5,8 +5,9 @@ import pytest
 import torch
 from _dist import run_ranks
 
-from hpc_rlhf.distributed.weight_sync import (ParamSpec, SharedSlots, SharedWeights, SyncItem, largest_bucket_bytes,
-                                            shared_layout)
+from hpc_rlhf.distributed.weight_sync.plan import ParamSpec, SyncItem, full_items, largest_bucket_bytes
+from hpc_rlhf.distributed.weight_sync.shared import SharedWeights, shared_layout
+from hpc_rlhf.distributed.weight_sync.slots import SharedSlots
 
 BUCKET = 16 << 10  # bytes: several buckets, and one parameter (30000 floats, 120 KB) larger than a bucket
 
@@ -39,14 +40,15 @@ class _Engine:
 def _sync(name: str, use_channel: bool, dtype: torch.dtype, sharing: set[int]):
     import torch.distributed as dist
 
-    from hpc_rlhf.distributed import weight_sync as ws
     from hpc_rlhf.distributed.collectives import Bridge
+    from hpc_rlhf.distributed.weight_sync import channel as ch
+    from hpc_rlhf.distributed.weight_sync import shm
     rank = dist.get_rank()
     bridge = Bridge(name, [0, 1, 2], rank, dist.distributed_c10d._get_default_store(), 60)
-    channel = ws.Channel() if use_channel else None
+    channel = ch.Channel() if use_channel else None
     torch.manual_seed(rank)  # each rank starts from other weights: only the leader's may arrive
     module = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Linear(30, 1000))
-    items = ws.full_items(module)
+    items = full_items(module)
     engine, seen = _Engine(rank in sharing), []
     threads = torch.get_num_threads()
     for step in range(3):
@@ -54,16 +56,16 @@ def _sync(name: str, use_channel: bool, dtype: torch.dtype, sharing: set[int]):
             for p in module.parameters():
                 p.mul_(-1.5).add_(step)  # new weights every sync
         if rank == 0:
-            sent = ws.send_weights(bridge, ws.actor_buckets(items, False, dtype, BUCKET, channel), True,
-                                   channel=channel, slot_bytes=ws.largest_bucket_bytes(items, dtype, BUCKET),
+            sent = ch.send_weights(bridge, ch.actor_buckets(items, False, dtype, BUCKET, channel), True,
+                                   channel=channel, slot_bytes=largest_bucket_bytes(items, dtype, BUCKET),
                                    specs=[it.spec for it in items], dtype=dtype)
             seen.append(({n: p.detach().to(dtype, copy=True) for n, p in module.named_parameters()}, sent.buckets))
         else:
-            count = ws.receive_weights(bridge, engine, dtype, channel)
+            count = ch.receive_weights(bridge, engine, dtype, channel)
             seen.append((dict(engine.loaded), count))
     assert torch.get_num_threads() == threads  # the leader's copy with every CPU gave its threads back
     mode = None if channel is None else channel.transport.name
-    left = sorted(p.name for p in ws.shm.SHM_DIR.glob("hpc_rlhf-weights-*"))
+    left = sorted(p.name for p in shm.SHM_DIR.glob("hpc_rlhf-weights-*"))
     return seen, mode, left
 
 
@@ -84,11 +86,11 @@ def _every_case():
     """Every case on the same three ranks, one after the other (one spawn instead of one per case)."""
     import torch.distributed as dist
 
-    from hpc_rlhf.distributed import weight_sync as ws
-    host = ws.shm.host
+    from hpc_rlhf.distributed.weight_sync import shm
+    host = shm.host
     out = {}
     for k, (name, (use_channel, other_host_rank, sharing, dtype, _)) in enumerate(CASES.items()):
-        ws.shm.host = (lambda: "another-node") if dist.get_rank() == other_host_rank else host
+        shm.host = (lambda: "another-node") if dist.get_rank() == other_host_rank else host
         out[name] = _sync(f"weights{k}", use_channel, dtype, sharing)  # a bridge of its own name each
     return out
 

@@ -14,7 +14,7 @@ import yaml
 
 from ..config.base import flatten_keys
 from .manifest import has_manifest
-from .store import CONFIG, CheckpointError, committed_steps, newest_intact
+from .layout import CONFIG, CheckpointError, committed_steps, newest_intact
 
 log = logging.getLogger("hpc_rlhf.checkpoint")
 

@@ -5,7 +5,6 @@ import contextlib
 import csv
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -13,34 +12,11 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .locate import check_source, split_spec
 from .rows import DataError
 
 # suffix -> datasets builder
 BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-# suffixes that mark a spec as a file path even when the file is missing (hub names have none of these)
-_FILE_SUFFIXES = set(BUILDERS) | {".txt", ".tsv", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar", ".pq",
-                                  ".feather", ".ndjson", ".yaml", ".yml", ".pkl", ".pt"}
-_TRUE = ("1", "true", "yes", "on")
-
-
-def hub_offline() -> bool:
-    """True when HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set to a true value."""
-    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-def split_spec(spec: str, default_split: str) -> tuple[str, str, bool]:
-    """'name@split' -> (name, split, True); a spec without '@split' -> (spec, default_split, False)."""
-    if "@" in spec and not os.path.exists(os.path.expanduser(spec)):
-        base, _, split = spec.rpartition("@")
-        if base and split and "/" not in split:
-            return base, split, True
-    return spec, default_split, False
-
-
-def _looks_like_path(spec: str) -> bool:
-    if spec.startswith(("/", "./", "../", "~", ".\\")) or spec.count("/") >= 2:
-        return True
-    return Path(spec).suffix.lower() in _FILE_SUFFIXES
 
 
 def _one_line(text, limit: int = 80) -> str:
@@ -193,20 +169,6 @@ def _load_folder(path: Path, spec: str, split: str) -> tuple[datasets.Dataset, b
     except Exception as e:  # noqa: BLE001
         raise DataError(f"{spec}: cannot read split {split!r} from this folder (neither a save_to_disk "
                         f"folder nor a folder of data files): {_reason(e)}") from e
-
-
-def check_source(spec: str) -> None:
-    """DataError when ``spec`` can be neither read here nor fetched: a missing local path, or a hub name while
-    offline (a few file-system lookups: the launcher runs it before any rank starts)."""
-    base = split_spec(spec.strip(), "")[0]
-    path = Path(base).expanduser()
-    if path.exists():
-        return
-    if _looks_like_path(base):
-        raise DataError(f"{spec}: file not found (looked for {path.absolute()})")
-    if hub_offline():
-        raise DataError(f"{base} is not a local file or folder, and HF_HUB_OFFLINE is set, so the Hub cannot "
-                        f"be reached: copy the dataset to the cluster and pass its path")
 
 
 def load_source(spec: str, split: str = "train") -> tuple[datasets.Dataset, str]:

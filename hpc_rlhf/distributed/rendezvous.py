@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-
-import torch
+import sys
 
 # 20000-32767: below Linux's default ephemeral range (32768-60999), from which the kernel takes the local port
 # of every outgoing connection; a rendezvous port there can be held by any client socket on the node
@@ -82,6 +81,6 @@ def adopt_slurm_rendezvous() -> bool:
         return False
     values = slurm_rendezvous()
     os.environ.update(values)
-    if "OMP_NUM_THREADS" in values:
-        torch.set_num_threads(int(values["OMP_NUM_THREADS"]))
+    if "OMP_NUM_THREADS" in values and "torch" in sys.modules:  # else torch reads the variable as it loads
+        sys.modules["torch"].set_num_threads(int(values["OMP_NUM_THREADS"]))
     return True

@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from .collectives import Bridge
-from .env import device_for, open_store, pick_backend, rendezvous_env, store_host
+from .env import rendezvous_env, store_host
+from .process_group import device_for, open_store, pick_backend
 from .placement import Component, PlacementPlan
 from .watchdog import Watchdog
 

@@ -12,7 +12,7 @@ from ..launch.status import StatusError, render, run_status
 from ..models import gguf, lora, tiny
 from ..reports import ReportError, write_report
 from ..rewards.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT, read_token, start_server
-from ..rewards.types import RewardError
+from ..rewards.errors import RewardError
 
 
 def add_tiny_model_args(parser: argparse.ArgumentParser) -> None:

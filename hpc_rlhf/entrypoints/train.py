@@ -6,7 +6,7 @@ import json
 import sys
 
 from .. import commands
-from ..checkpoint.store import CheckpointError
+from ..checkpoint.layout import CheckpointError
 from ..config import ConfigError, reference
 from ..distributed.env import read_env
 from ..launch.local import already_launched, launch_local

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from .engine import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, tensor_checksum
+from .specs import TRANSFORMERS
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
            "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -85,6 +86,8 @@ class HFEngine(RolloutEngine):
     until the batch is done.  The decode runs through four hooks (``_prefill``, ``_select_rows``, ``_decode``,
     ``_release``) and ``_compacts``, which the lean engine (``generation/lean/``) overrides.
     """
+
+    spec = TRANSFORMERS
 
     def __init__(self, model_path_or_module, dtype="fp32", device="cpu", max_batch_size: int = 64):
         if max_batch_size < 1:

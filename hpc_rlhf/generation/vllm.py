@@ -30,6 +30,7 @@ from safetensors import safe_open
 
 from .engine import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, combine_checksums, \
     tensor_part_checksum
+from .specs import VLLM
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -64,6 +65,8 @@ def _worker_finish(worker) -> None:
 
 
 class VllmEngine(RolloutEngine):
+    spec = VLLM
+
     def __init__(self, model_path: str, dtype: str = "fp32", device: str = "cpu", seed: int = 0,
                  max_model_len: int | None = None, max_num_seqs: int = 256, cpu_kv_cache_gib: int = 1,
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,

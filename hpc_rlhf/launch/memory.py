@@ -18,14 +18,15 @@ width, i the MLP width, V the vocabulary; b = 2 for bf16 values, 4 for fp32):
   saved log-softmax, the gradient of its output and of its input); measured 3.1 on SmolLM2-135M in fp32
   (16 rows of 136 prompt and 256 response tokens: 11.5 GiB over the model and its gradients, of which 9.15
   are the activations above).
-- rollout: weights, the lean decoder's packed copy of the linear weights (transformers engine, llama-family
-  models), and the key/value cache of the rank's sequences at full length (vLLM: the cache it preallocates,
-  `vllm_cpu_kv_cache_gib` on a CPU rank).
+- rollout: the engine's own memory model (``EngineSpec.memory``, hpc_rlhf/generation/specs.py): weights, the
+  key/value cache of the rank's sequences at full length (vLLM on a CPU: the cache it preallocates,
+  `rollout.vllm_cpu_kv_cache_gib`), and the lean engine's packed copy of the linear weights.
 - weight-sync shared weights: on a CPU weights bridge (the actor's and the rollout ranks' components differ)
-  to transformers engines, the engines' weights live in shared memory that the actor leader maps and writes
-  at each sync: N b on the actor's ranks (the leader's; the other actor ranks do not map it), nothing more on
-  the rollout's, whose weights they are.  Shared pages, counted in the RSS of each rank that touches them.
-- weight-sync slots: to vLLM engines instead, the two shared-memory slots the bridge keeps between syncs
+  to engines whose first transport is shared weights (the transformers engines), the engines' weights live in
+  shared memory that the actor leader maps and writes at each sync: N b on the actor's ranks (the leader's; the
+  other actor ranks do not map it), nothing more on the rollout's, whose weights they are.  Shared pages, counted
+  in the RSS of each rank that touches them.
+- weight-sync slots: to the other engines (vLLM), the two shared-memory slots the bridge keeps between syncs
   (both components), each the largest bucket: the bucket size, or the largest parameter (the embedding,
   V h b) when that is larger.
 - runtime: 0.5 GiB per rank: the process with Python, torch and the libraries on a CPU rank (0.36-0.45 GiB
@@ -36,48 +37,11 @@ framework buffers are not in it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
-
-from ..models.loading import resolve_pretrained
-
+from ..models.shape import ModelShape, dtype_bytes
 
 RUNTIME_BYTES = 2 ** 29
 TRANSIENT = ("activations", "logits", "kv cache")  # the parts that live during one phase only
 LOGIT_COPIES = 3
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    params: int
-    hidden: int
-    layers: int
-    kv_heads: int
-    head_dim: int
-    vocab: int = 0
-    intermediate: int = 0     # MLP width (0: 4 x hidden)
-    gated: bool = True        # a gated MLP (SwiGLU: gate and up projections)
-    tied: bool = False        # input embedding and output head share their weights
-    model_type: str = ""
-
-
-def model_shape(pretrain: str) -> ModelShape:
-    """Parameter count and dimensions from the model's config, on the meta device (no weights read)."""
-    cfg = AutoConfig.from_pretrained(resolve_pretrained(pretrain))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
-    params = sum(p.numel() for p in model.parameters())
-    heads = getattr(cfg, "num_attention_heads", 1)
-    names = [n for n, _ in model.named_modules()]
-    return ModelShape(params=params, hidden=cfg.hidden_size, layers=cfg.num_hidden_layers,
-                      kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-                      head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-                      vocab=getattr(cfg, "vocab_size", 0) or 0,
-                      intermediate=getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 0,
-                      gated=any(n.endswith(("gate_proj", ".w3")) for n in names),
-                      tied=bool(getattr(cfg, "tie_word_embeddings", False)), model_type=cfg.model_type)
 
 
 def activation_bytes(shape: ModelShape, b: int) -> int:
@@ -86,14 +50,10 @@ def activation_bytes(shape: ModelShape, b: int) -> int:
     return b * (11 * shape.hidden + 3 * shape.kv_heads * shape.head_dim + (4 if shape.gated else 2) * i)
 
 
-def _dtype_bytes(param_dtype: str) -> int:
-    return 2 if param_dtype == "bf16" else 4
-
-
 def trained(shape: ModelShape, param_dtype: str, zero_stage: int, ranks: int, lora: bool, offload: bool,
             micro_batch: int, seq_len: int, checkpointing: bool, logit_positions: int = 0) -> dict[str, int]:
     """A trained model's parts; ``logit_positions`` > 0 adds the logits of that many positions per sequence."""
-    b = _dtype_bytes(param_dtype)
+    b = dtype_bytes(param_dtype)
     n = shape.params
     out = {"weights": n * b // (ranks if zero_stage == 3 else 1)}
     if not lora:
@@ -111,34 +71,18 @@ def trained(shape: ModelShape, param_dtype: str, zero_stage: int, ranks: int, lo
 
 
 def frozen(shape: ModelShape, param_dtype: str) -> dict[str, int]:
-    return {"weights": shape.params * _dtype_bytes(param_dtype)}
-
-
-def generating(shape: ModelShape, param_dtype: str, sequences: int, seq_len: int, packed: bool = False,
-               preallocated_kv: int | None = None) -> dict[str, int]:
-    """A rollout engine's parts: ``packed`` adds the lean decoder's copy of the linear weights (all but the input
-    embedding, whose transpose is the head when they are tied); ``preallocated_kv`` replaces the cache of
-    ``sequences`` at ``seq_len`` with what the engine reserves (vLLM), which then lasts."""
-    b = _dtype_bytes(param_dtype)
-    out = {"weights": shape.params * b}
-    if packed:
-        out["packed weights"] = (shape.params - (0 if shape.tied else shape.vocab * shape.hidden)) * b
-    if preallocated_kv is not None:
-        out["kv cache (preallocated)"] = preallocated_kv
-    else:
-        out["kv cache"] = 2 * shape.layers * shape.kv_heads * shape.head_dim * b * sequences * seq_len
-    return out
+    return {"weights": shape.params * dtype_bytes(param_dtype)}
 
 
 def shared_weights(shape: ModelShape, param_dtype: str) -> int:
     """The shared weights of a CPU weight sync to transformers engines: the model
     (distributed/weight_sync/shared.py)."""
-    return shape.params * _dtype_bytes(param_dtype)
+    return shape.params * dtype_bytes(param_dtype)
 
 
 def weight_slots(shape: ModelShape, param_dtype: str, bucket_bytes: int) -> int:
     """The two shared-memory slots of a CPU weight sync: each the largest bucket (distributed/weight_sync/slots.py)."""
-    b = _dtype_bytes(param_dtype)
+    b = dtype_bytes(param_dtype)
     return 2 * max(min(bucket_bytes, shape.params * b), shape.vocab * shape.hidden * b)
 
 

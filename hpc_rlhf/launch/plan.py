@@ -6,7 +6,9 @@ import sys
 from pathlib import Path
 
 from ..distributed.weight_sync import BUCKET_BYTES
-from ..generation.factory import packs_weights
+from ..generation.factory import choose, requested_engine, vllm_imports
+from ..generation.specs import SHARED
+from ..models.shape import model_shape
 from . import memory
 from .job import JobComponent, components, is_hetjob
 from .sbatch import render
@@ -23,10 +25,19 @@ def train_command(cfg, trainer: str, config_path: str | None, overrides: list[st
     return cmd + list(overrides)
 
 
+def rollout_engine(cfg, plan):
+    """The rollout ranks' engine (``EngineSpec``) and why: ``rollout.engine`` for the actor's architecture on the
+    rollout component's devices, with vLLM as installed where the plan is made."""
+    comps = components(cfg, plan)
+    gpus = next(c for c in comps if "rollout" in c.placement.roles).resources.gpus_per_task
+    return choose(requested_engine(cfg.rollout), model_shape(cfg.model.pretrain).model_type, bool(gpus),
+                  vllm_imports())
+
+
 def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
     """Bytes per rank of each role (see launch.memory for what is counted)."""
     m, t = cfg.model, cfg.train
-    actor = memory.model_shape(m.pretrain)
+    actor = model_shape(m.pretrain)
     lora = m.lora_rank > 0
     if plan is None:  # one role group: the trained model, and a frozen reference or teacher on its ranks
         objective = getattr(cfg, "objective", None)
@@ -36,39 +47,38 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
         for attr, role in (("ref_pretrain", "reference"), ("teacher_pretrain", "teacher")):
             if hasattr(objective, attr) and not (role == "reference" and getattr(objective, "ref_precompute", False)):
                 path = getattr(objective, attr) or m.pretrain
-                out[role] = memory.frozen(actor if path == m.pretrain else memory.model_shape(path), m.param_dtype)
+                out[role] = memory.frozen(actor if path == m.pretrain else model_shape(path), m.param_dtype)
         return out
     seq = cfg.sequence_len()
     out = {}
     for role in ("actor", "critic"):
         if plan.has(role):
             path = m.pretrain if role == "actor" else (cfg.critic_pretrain or cfg.reward.reward_pretrain or m.pretrain)
-            shape = actor if path == m.pretrain else memory.model_shape(path)
+            shape = actor if path == m.pretrain else model_shape(path)
             # the actor's logits: the response positions (the whole context budget of a multi-turn sample)
             logits = (seq - (0 if cfg.agent.agent_func_path else cfg.data.prompt_max_len)) if role == "actor" else 0
             out[role] = memory.trained(shape, m.param_dtype, t.zero_stage, len(plan.ranks_of(role)),
                                        lora and role == "actor", t.adam_offload, t.micro_train_batch_size, seq,
                                        m.gradient_checkpointing, logits)
     if plan.has("reference"):
-        out["reference"] = memory.frozen(memory.model_shape(cfg.ref_pretrain or m.pretrain), m.param_dtype)
+        out["reference"] = memory.frozen(model_shape(cfg.ref_pretrain or m.pretrain), m.param_dtype)
     if plan.has("reward"):
-        out["reward"] = (memory.frozen(memory.model_shape(cfg.reward.reward_pretrain), m.param_dtype)
+        out["reward"] = (memory.frozen(model_shape(cfg.reward.reward_pretrain), m.param_dtype)
                          if cfg.reward.reward_pretrain else {})
     if plan.has("rollout"):
         r = cfg.rollout
         per_rank = -(-r.rollout_batch_size * r.n_samples_per_prompt // len(plan.ranks_of("rollout")))
         comps = components(cfg, plan)
         on_cpu = not next(c for c in comps if "rollout" in c.placement.roles).resources.gpus_per_task
-        out["rollout"] = memory.generating(
-            actor, m.param_dtype, min(per_rank, r.max_batch_size), seq,
-            packed=packs_weights(r.engine, r.lean_decoder, actor.model_type),
-            preallocated_kv=r.vllm_cpu_kv_cache_gib * 2 ** 30 if r.engine == "vllm" and on_cpu else None)
-        # a weights bridge between CPU components: the transformers engines' weights live in shared memory that
-        # the actor leader maps and writes; vLLM's load from two shared-memory slots that both sides map
+        spec = rollout_engine(cfg, plan)[0]
+        out["rollout"] = spec.memory(actor, m.param_dtype, min(per_rank, r.max_batch_size), seq,
+                                     cpu_kv_cache_gib=r.vllm_cpu_kv_cache_gib, on_cpu=on_cpu)
+        # a weights bridge between CPU components: engines that take shared weights have them in shared memory that
+        # the actor leader maps and writes; the others load from two shared-memory slots that both sides map
         actor_comp = next((c for c in comps if "actor" in c.placement.roles), None)
         if actor_comp is not None and "rollout" not in actor_comp.placement.roles \
                 and not any(c.resources.gpus_per_task for c in comps):
-            if r.engine == "hf":
+            if spec.transports[0] == SHARED:
                 out["actor"]["weight-sync shared weights"] = memory.shared_weights(actor, m.param_dtype)
             else:
                 out["rollout"]["weight-sync slots"] = out["actor"]["weight-sync slots"] = \

@@ -31,7 +31,7 @@ from typing import Callable
 import yaml
 
 from ..checkpoint.manifest import damage, has_manifest
-from ..checkpoint.store import COMMITTED, CONFIG, committed_steps
+from ..checkpoint.layout import COMMITTED, CONFIG, committed_steps
 from ..logging.attempts import ATTEMPTS, process_start_ticks
 
 METRICS = "metrics.jsonl"

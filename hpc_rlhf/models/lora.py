@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .loading import resolve_pretrained
+from .paths import resolve_pretrained
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -13,7 +13,8 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from ..config.sections import ModelConfig
-from .loading import _enable_checkpointing, resolve_pretrained
+from .loading import _enable_checkpointing
+from .paths import resolve_pretrained
 
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 HEAD_NAMES = ("score", "classifier", "v_head")

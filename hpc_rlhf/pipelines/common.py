@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 from ..distributed.collectives import barrier
-from ..distributed.env import DistEnv, device_for, init_distributed, read_env
+from ..distributed.env import DistEnv, read_env
+from ..distributed.process_group import device_for, init_distributed
 
 # A rank that finishes its shard early waits for the others at the merge barrier: generous on purpose.
 BARRIER_TIMEOUT_S = 24 * 3600

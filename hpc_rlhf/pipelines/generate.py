@@ -15,10 +15,11 @@ from ..config.pipelines import GenDataConfig, GenerateConfig, GenSamplingConfig
 from ..data.prompts import build_prompts
 from ..data.rows import BadRows, DataError
 from ..data.sources import load_source
-from ..distributed.env import shutdown
-from ..generation.factory import make_engine
+from ..distributed.process_group import shutdown
+from ..generation.factory import engine_choice, make_engine
 from ..generation.engine import sample_seed, SamplingParams
-from ..models.loading import load_tokenizer, resolve_pretrained
+from ..models.loading import load_tokenizer
+from ..models.paths import resolve_pretrained
 from ..roles.rollout import stop_token_ids
 from .common import PartWriter, device, join, shard_bounds
 
@@ -77,6 +78,9 @@ def run_generate(cfg: GenerateConfig) -> dict:
         tokenizer = load_tokenizer(resolve_pretrained(cfg.model.pretrain), cfg.data.tokenizer_chat_template)
         prompts = load_generation_prompts(cfg.data, tokenizer)
         lo, hi = shard_bounds(len(prompts), de.rank, de.world_size)
+        if de.is_main:
+            spec, why = engine_choice(cfg.model, cfg.model.pretrain, device(de))
+            log.info("engine: %s (%s)", spec.name, why)
         engine = make_engine(cfg.model, cfg.model.pretrain, cfg.model.param_dtype, device(de),
                              cfg.model.max_batch_size, seed=cfg.sampling.seed)
         params = sampling_params(cfg.sampling, stop_token_ids(cfg.model.pretrain, tokenizer))

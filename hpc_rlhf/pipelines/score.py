@@ -10,8 +10,9 @@ import time
 
 from ..config.pipelines import RewardModelConfig, ScoreConfig
 from ..data.rows import DataError
-from ..distributed.env import shutdown
-from ..models.loading import load_tokenizer, resolve_pretrained
+from ..distributed.process_group import shutdown
+from ..models.loading import load_tokenizer
+from ..models.paths import resolve_pretrained
 from ..rewards.model import RewardModelScorer
 from .common import PartWriter, device, join, read_jsonl, shard_bounds
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from ..checkpoint.store import CONFIG, committed_steps
+from ..checkpoint.layout import CONFIG, committed_steps
 
 METRICS = "metrics.jsonl"
 EXPORTED_CONFIG = "hpc_rlhf_config.yaml"

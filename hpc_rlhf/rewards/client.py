@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .types import RewardBatch, RewardError, merge_extras, check_inputs
+from .errors import RewardError
+from .types import RewardBatch, merge_extras, check_inputs
 
 log = logging.getLogger("hpc_rlhf.rewards")
 

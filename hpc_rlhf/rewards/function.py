@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 
 from .reward_file import load_reward_function, one_line, parse_output
-from .types import RewardBatch, RewardError, merge_extras, check_inputs
+from .errors import RewardError
+from .types import RewardBatch, merge_extras, check_inputs
 
 log = logging.getLogger("hpc_rlhf.rewards")
 

@@ -13,7 +13,7 @@ import math
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from ..models.loading import resolve_pretrained
+from ..models.paths import resolve_pretrained
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _HEAD_NAMES = ("score", "classifier", "v_head")

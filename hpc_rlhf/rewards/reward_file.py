@@ -12,7 +12,7 @@ The file defines::
 ``queries`` are the full texts (prompt + response), ``prompts`` the prompts, ``labels`` the references
 from the data set.
 
-Built-in reward functions need no file: ``builtin:NAME`` in place of the path (:data:`BUILTINS`), e.g.
+Built-in reward functions need no file: ``builtin:NAME`` in place of the path (:data:`.builtins.BUILTINS`), e.g.
 ``builtin:math``, the math-answer verifier of :mod:`.math_verify`.
 """
 from __future__ import annotations
@@ -28,32 +28,10 @@ from typing import Callable
 
 import torch
 
-from . import math_verify
-from .types import RewardFileError
+from .builtins import BUILTIN_PREFIX, builtin_reward
+from .errors import RewardFileError
 
 FUNC_NAME = "reward_func"
-BUILTIN_PREFIX = "builtin:"
-# name -> the reward_func of a module shipped with the toolkit
-BUILTINS: dict[str, Callable] = {"math": math_verify.reward_func}
-
-
-def builtin_reward(spec: str) -> Callable:
-    """The built-in reward function ``spec`` names (``builtin:NAME``); RewardFileError for an unknown NAME."""
-    name = spec[len(BUILTIN_PREFIX):]
-    if name not in BUILTINS:
-        raise RewardFileError(f"unknown built-in reward {spec!r}; built-ins: "
-                              + ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTINS)))
-    return BUILTINS[name]
-
-
-def check_reward_source(spec: str) -> None:
-    """Before a run: ``spec`` names a known built-in or an existing file (RewardFileError otherwise)."""
-    if str(spec).startswith(BUILTIN_PREFIX):
-        builtin_reward(str(spec))
-        return
-    p = Path(os.path.expanduser(str(spec)))
-    if not p.is_file():
-        raise RewardFileError(f"{p} is not a file" if p.exists() else f"file {p} does not exist")
 
 
 def load_reward_function(path) -> Callable:

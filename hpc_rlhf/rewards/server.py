@@ -32,7 +32,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .function import RewardFunction
-from .types import RewardError
+from .errors import RewardError
 
 log = logging.getLogger("hpc_rlhf.rewards")
 

@@ -1,4 +1,4 @@
-"""The value every reward source returns (:class:`RewardBatch`) and the error it raises (:class:`RewardError`).
+"""The value every reward source returns (:class:`RewardBatch`; the error it raises is in errors.py).
 
 Failed samples are never given a made-up reward: their ``valid`` entry is False and their reward is NaN, so a
 caller that forgets to look at ``valid`` gets NaN losses instead of silently training on a 0.
@@ -13,14 +13,6 @@ import torch
 # Keys of ``RewardBatch.extra`` ending with these names are counts: merging sums them; other keys are means
 # and merging averages them, weighted by the number of valid samples behind each value.
 COUNT_SUFFIXES = ("/failures", "/failed_batches", "/retries", "/timeouts")
-
-
-class RewardError(RuntimeError):
-    """A reward source could not produce usable rewards (bad file, too many failed samples, ...)."""
-
-
-class RewardFileError(RewardError):
-    """A reward-function file is missing, cannot be imported, or defines no callable ``reward_func``."""
 
 
 @dataclass

@@ -9,7 +9,7 @@ from transformers import AutoModelForSequenceClassification
 from ..algorithms.rl_algorithm import RLAlgorithm
 from ..config.rl import RLConfig
 from ..engines.deepspeed_strategy import build_engine
-from ..models.loading import resolve_pretrained
+from ..models.paths import resolve_pretrained
 from .experience import Experience, RLBatch, padded, response_logits
 from .shared_prompts import SharedPrompts, outputs_per_sample, sharing, train_steps
 

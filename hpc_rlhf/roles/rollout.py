@@ -8,7 +8,7 @@ from ..config.rl import RLConfig
 from ..data.prompts import Prompt
 from ..generation.factory import make_engine as build
 from ..generation.engine import sample_seed, SamplingParams
-from ..models.loading import resolve_pretrained
+from ..models.paths import resolve_pretrained
 from .experience import Experience
 
 

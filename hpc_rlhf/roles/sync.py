@@ -11,8 +11,9 @@ import time
 
 import torch
 
-from ..distributed.weight_sync import (BUCKET_BYTES, Channel, actor_buckets, full_items, largest_bucket_bytes,
-                                      lora_items, receive_weights, send_weights)
+from ..distributed.weight_sync import BUCKET_BYTES
+from ..distributed.weight_sync.channel import Channel, actor_buckets, receive_weights, send_weights
+from ..distributed.weight_sync.plan import full_items, largest_bucket_bytes, lora_items
 from ..distributed.worlds import RoleContext
 from ..generation.engine import combine_checksums, tensor_part_checksum
 

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..checkpoint.existing import choose
-from ..checkpoint.store import CheckpointError, load_checkpoint, move_aside, set_aside_damaged, step_of
+from ..checkpoint.layout import CheckpointError, move_aside, set_aside_damaged, step_of
+from ..checkpoint.store import load_checkpoint
 from ..config import dump_yaml
 from ..distributed.collectives import max_over_ranks
-from ..distributed.env import init_distributed, read_env, shutdown
+from ..distributed.env import read_env
+from ..distributed.process_group import init_distributed, shutdown
 from ..distributed.preemption import RunStopped, StopRequest
 from ..distributed.rendezvous import restart_count
 from ..distributed.watchdog import from_torch_distributed

@@ -22,10 +22,12 @@ from ..checkpoint.store import save_checkpoint
 from ..config import SFTConfig, dump_yaml
 from ..data.batching import EpochSampler
 from ..distributed.collectives import barrier, max_over_ranks
-from ..distributed.env import DistEnv, device_for
+from ..distributed.env import DistEnv
+from ..distributed.process_group import device_for
 from ..distributed.preemption import StopRequest
 from ..engines.deepspeed_strategy import build_engine, optimizer_step
-from ..models.loading import load_tokenizer, resolve_pretrained
+from ..models.loading import load_tokenizer
+from ..models.paths import resolve_pretrained
 from .lifecycle import resume, run_in_world
 from .loop import StepBoundary, run_steps
 from .objectives import OFFLINE_OBJECTIVES, Objective

@@ -37,17 +37,20 @@ from ..config.evaluation import EvalRunConfig
 from ..config.rl import RLConfig
 from ..data.prompts import load_prompts
 from ..distributed.collectives import sum_over_ranks
-from ..distributed.env import device_for, read_env
-from ..distributed.placement import PlacementPlan, make_plan
+from ..distributed.env import read_env
+from ..distributed.process_group import device_for
 from ..distributed.worlds import RoleContext
 from ..distributed.preemption import StopRequest
-from ..models.loading import load_tokenizer, resolve_pretrained
+from ..generation.factory import engine_choice
+from ..models.loading import load_tokenizer
+from ..models.paths import resolve_pretrained
 from ..rewards.shaping import RunningMoments, normalize_rewards
 from ..roles import build_roles
 from ..roles.reward import environment_weight
 from ..roles.experience import Experience, padded, shard_groups, unpadded
 from ..roles.sync import WeightSync
 from .lifecycle import resume, run_in_roles
+from .placement import eval_plan, plan_from_config
 from .loop import StepBoundary, run_steps
 from .rl_collect import Collector, PromptSchedule, agent_metrics
 
@@ -59,25 +62,6 @@ def algorithm_for(cfg: RLConfig) -> RLAlgorithm:
     single_update = (cfg.train.max_epochs == 1
                      and r.rollout_batch_size * r.n_samples_per_prompt == cfg.train.train_batch_size)
     return RLAlgorithm(cfg.algo, single_update)
-
-
-def plan_from_config(cfg: RLConfig) -> PlacementPlan:
-    algo, p, B = algorithm_for(cfg), cfg.placement, cfg.rollout.rollout_batch_size
-    sizes = {"actor": p.actor_num_ranks, "rollout": p.rollout_num_ranks, "reward": p.reward_num_ranks,
-             "critic": p.critic_num_ranks if algo.needs_critic else 0,
-             "reference": p.ref_num_ranks if algo.needs_reference else 0}
-    plan = make_plan(sizes, p.colocate_actor_ref, p.colocate_critic_reward, p.colocate_all,
-                     p.colocate_actor_reward)
-    for c in plan.components:
-        if B % c.size:
-            raise ConfigError(f"rollout_batch_size={B} prompts are dealt to the {c.size} ranks of '{c.name}' by "
-                              f"whole groups: make it a multiple of {c.size}")
-    actors = len(plan.ranks_of("actor"))
-    per_rank = B * cfg.rollout.n_samples_per_prompt // actors
-    if cfg.train.train_batch_size % actors or per_rank % (cfg.train.train_batch_size // actors):
-        raise ConfigError(f"train_batch_size={cfg.train.train_batch_size} must split evenly over the "
-                          f"{actors} actor ranks and divide each rank's {per_rank} samples per step")
-    return plan
 
 
 @contextlib.contextmanager
@@ -95,6 +79,8 @@ class RLRun:
         self.tokenizer = load_tokenizer(resolve_pretrained(cfg.model.pretrain))
         prompts, eval_prompts, bad = load_prompts(cfg.data, self.tokenizer, cfg.train.seed)
         if self.is_main:
+            spec, why = engine_choice(cfg.rollout, cfg.model.pretrain, device_for(read_env()))
+            log.info("rollout engine: %s (%s)", spec.name, why)
             log.info("%s", ctx.plan.describe())
             log.info("%d prompts (%d eval)", len(prompts), len(eval_prompts))
             if bad.total:
@@ -295,14 +281,6 @@ def invalid_group_counts(samples: list[Experience], uses_groups: bool) -> dict[s
 
 def run_rl(cfg: RLConfig) -> dict[str, float]:
     return run_in_roles(cfg, plan_from_config(cfg), lambda ctx, stop: RLRun(cfg, ctx, stop).run())
-
-
-def eval_plan(cfg: EvalRunConfig) -> PlacementPlan:
-    """`hpc-rlhf eval`: rollout ranks, and the reward role on them or on ranks of its own; no actor."""
-    p = cfg.placement
-    sizes = {"rollout": p.rollout_num_ranks,
-             "reward": p.rollout_num_ranks if p.colocate_reward else p.reward_num_ranks}
-    return make_plan(sizes, colocate_all=p.colocate_reward)
 
 
 def run_eval(cfg: EvalRunConfig) -> dict[str, float]:

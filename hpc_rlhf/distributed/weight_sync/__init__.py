@@ -15,11 +15,8 @@ transport chosen once per ``weights`` bridge.
 - ``shared``: the rollout engines' weights live in one shared-memory file (a gloo bridge on one host, engines that
   can take shared tensors as their parameters): a sync is the leader's one copy.
 - ``shm``: what the two shared-memory transports share: the files' place, the offer and its answer.
-"""
-from .channel import Channel, actor_buckets, receive_weights, send_weights
-from .plan import BUCKET_BYTES, ParamSpec, SyncItem, full_items, largest_bucket_bytes, lora_items
-from .shared import SharedWeights, shared_layout
-from .slots import SharedSlots
 
-__all__ = ["BUCKET_BYTES", "Channel", "ParamSpec", "SharedSlots", "SharedWeights", "SyncItem", "actor_buckets",
-           "full_items", "largest_bucket_bytes", "lora_items", "receive_weights", "send_weights", "shared_layout"]
+Import the modules themselves; this package module holds only the bucket size, which `hpc-rlhf plan` reads
+without loading torch.
+"""
+BUCKET_BYTES = 64 << 20  # the sync's bucket: one broadcast (or one shared slot) each

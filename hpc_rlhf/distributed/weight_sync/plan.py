@@ -10,7 +10,6 @@ from typing import Callable
 import torch
 
 
-BUCKET_BYTES = 64 << 20  # the sync's bucket: one broadcast (or one shared slot) each
 
 
 @dataclass(frozen=True)

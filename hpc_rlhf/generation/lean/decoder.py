@@ -49,9 +49,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..specs import LEAN
 from . import few_rows
 
-SUPPORTED = ("llama", "qwen2", "mistral")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # angles depend on the position only
 
 
@@ -65,7 +65,7 @@ def _rope_type(cfg) -> str:
 
 def lean_supported(model: torch.nn.Module) -> bool:
     cfg = getattr(model, "config", None)
-    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED:
+    if cfg is None or not LEAN.runs(getattr(cfg, "model_type", None)):
         return False
     window = getattr(cfg, "sliding_window", None)
     if getattr(cfg, "use_sliding_window", True) and window is not None and window < cfg.max_position_embeddings:

@@ -9,10 +9,13 @@ from __future__ import annotations
 import torch
 
 from ..hf import HFEngine
+from ..specs import LEAN
 from .decoder import LeanDecoder, lean_supported
 
 
 class LeanEngine(HFEngine):
+    spec = LEAN
+
     def __init__(self, model_path_or_module, dtype="fp32", device="cpu", max_batch_size: int = 64,
                  cuda_graphs: bool = True, shared_prefix: bool = True, few_row_kernel: bool = True):
         super().__init__(model_path_or_module, dtype, device, max_batch_size)
