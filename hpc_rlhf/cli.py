@@ -6,22 +6,10 @@ import atexit
 import gc
 import sys
 
-from .distributed.openmp import load_torch
-
-if sys.argv[1:2] == ["train"]:  # a training rank: `hpc-rlhf train`, as the launcher, srun and the demo start them
-    load_torch()  # first: how OpenMP threads wait is fixed when torch loads it (distributed/openmp.py)
-
-from .agents import AgentError  # noqa: E402
-from .checkpoint.layout import CheckpointError  # noqa: E402
-from .commands import setup_logging  # noqa: E402
-from .config import ConfigError  # noqa: E402
-from .data.rows import DataError  # noqa: E402
-from .distributed.rendezvous import adopt_slurm_rendezvous  # noqa: E402
-from .engines.deepspeed_strategy import configure_deepspeed_env  # noqa: E402
-from .entrypoints import demo, pipelines, tools, train  # noqa: E402
-from .models.gguf import GGUFImportError  # noqa: E402
-from .models.paths import HubOfflineError  # noqa: E402
-from .rewards.errors import RewardError  # noqa: E402
+from .commands import setup_logging, user_errors
+from .config import ConfigError
+from .distributed.rendezvous import adopt_slurm_rendezvous
+from .entrypoints import demo, pipelines, tools, train
 
 
 def _collect_once_at_exit() -> None:
@@ -41,32 +29,42 @@ def _collect_once_at_exit() -> None:
 
 atexit.register(_collect_once_at_exit)
 
+# train, plan, submit, sweep, options; tiny-model, import-gguf, lora-merge, serve-reward, status, report; demo;
+# generate, score, eval, iterative-dpo, best-of-n, make-pairs, csft-data
+SUBCOMMANDS = [*train.SUBCOMMANDS, *tools.SUBCOMMANDS, *demo.SUBCOMMANDS, *pipelines.SUBCOMMANDS]
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand; the arguments of ``command`` only (of all when None): adding a subcommand's
+    arguments may import what it runs."""
     p = argparse.ArgumentParser(prog="hpc-rlhf", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    train.add_parsers(sub)  # train, plan, submit, options
-    tools.add_parsers(sub)  # tiny-model, import-gguf, lora-merge, serve-reward, status, report
-    demo.add_parsers(sub)
-    pipelines.add_parsers(sub)  # generate, score, iterative-dpo, best-of-n, make-pairs, csft-data
+    for c in SUBCOMMANDS:
+        parser = sub.add_parser(c.name, help=c.help)
+        if command is None or c.name == command:
+            c.add_args(parser)
+        parser.set_defaults(func=c.run, takes_rest=c.takes_rest, light=c.light)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     adopt_slurm_rendezvous()  # inside an srun step: RANK, WORLD_SIZE, MASTER_ADDR/PORT from SLURM
-    configure_deepspeed_env()  # before anything imports DeepSpeed (it prints to stdout when it guesses)
     setup_logging()
-    parser = build_parser()
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), ""))
     args, rest = parser.parse_known_args(argv)
-    if rest and not getattr(args, "takes_rest", False):
+    if rest and not args.takes_rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
+        if not args.light:
+            train.load_runtime()
         return args.func(args, rest)
     except ConfigError as e:
         print(f"hpc-rlhf: config error: {e}", file=sys.stderr)
         return 2
-    except (DataError, HubOfflineError, FileNotFoundError, RewardError, AgentError, CheckpointError,
-            GGUFImportError) as e:
+    except Exception as e:
+        if not isinstance(e, user_errors()):
+            raise
         print(f"hpc-rlhf: {e}", file=sys.stderr)
         return 2
 

@@ -14,19 +14,16 @@ from dataclasses import dataclass
 
 from pathlib import Path
 
-from .agents import AgentFileError, load_agent
 from .checkpoint.existing import choose
 from .config import ConfigError, dump_yaml, reference
 from .config import load_config as parse_config
 from .config.base import leaf_values
-from .data.rows import DataError
 from .data.locate import check_source
 from .distributed.preemption import EXIT_STOPPED, RunStopped
 from .distributed.rendezvous import restart_count
 from .logging import wandb_sink
-from .models.paths import HubOfflineError, resolve_pretrained
+from .models.paths import resolve_pretrained
 from .rewards.builtins import check_reward_source
-from .rewards.errors import RewardFileError
 
 TRAIN = "train "  # the trainers' commands: `hpc-rlhf train NAME`, also planned and submitted to SLURM
 
@@ -98,8 +95,25 @@ def _check_file(path: str) -> None:
                                 else f"file {path} does not exist")
 
 
+def _check_agent(path: str) -> None:
+    """The environment file imports and defines an environment (the agents package loads torch: only a run that names
+    an environment imports it here)."""
+    resolve("hpc_rlhf.agents.contract:load_agent")(path)
+
+
 _CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": check_source, "reward": check_reward_source,
-           "agent": load_agent}
+           "agent": _check_agent}
+# the errors that mean bad input: one line and exit 2, never a traceback (hpc_rlhf/cli.py)
+USER_ERRORS = ("hpc_rlhf.config.base:ConfigError", "hpc_rlhf.data.rows:DataError",
+               "hpc_rlhf.models.paths:HubOfflineError", "hpc_rlhf.rewards.errors:RewardError",
+               "hpc_rlhf.agents.contract:AgentFileError", "hpc_rlhf.agents.executor:AgentError",
+               "hpc_rlhf.checkpoint.layout:CheckpointError", "hpc_rlhf.models.gguf:GGUFImportError")
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """FileNotFoundError and the classes of USER_ERRORS whose modules are loaded (a module not loaded raised none)."""
+    loaded = [spec.split(":") for spec in USER_ERRORS]
+    return (FileNotFoundError, *(getattr(sys.modules[m], name) for m, name in loaded if m in sys.modules))
 
 
 def check_inputs(cfg) -> None:
@@ -112,7 +126,7 @@ def check_inputs(cfg) -> None:
         for item in value if isinstance(value, list) else [value]:
             try:
                 check(item)
-            except (FileNotFoundError, HubOfflineError, DataError, RewardFileError, AgentFileError) as e:
+            except user_errors() as e:
                 raise ConfigError(f"{key}: {e}") from None
 
 

@@ -16,7 +16,7 @@ from hpc_rlhf.commands import COMMANDS, resolve
 from hpc_rlhf.config import ConfigError, load_config
 from hpc_rlhf.config.base import leaf_paths
 from hpc_rlhf.config.rl import RLConfig
-from hpc_rlhf.entrypoints import train as train_entry
+from hpc_rlhf.launch import local
 from hpc_rlhf.launch.submit import submit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def no_run(monkeypatch):
     def ran(*args, **kwargs):
         raise AssertionError("the command ran: its config passed the checks")
     monkeypatch.setattr(commands, "run", ran)
-    monkeypatch.setattr(train_entry, "launch_local", ran)
+    monkeypatch.setattr(local, "launch_local", ran)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for v in ("RANK", "WORLD_SIZE", "SLURM_JOB_ID", "SLURM_STEP_ID"):
         monkeypatch.delenv(v, raising=False)

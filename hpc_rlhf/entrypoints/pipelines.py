@@ -9,9 +9,8 @@ import sys
 from .. import commands
 from ..distributed.env import read_env
 from ..pipelines import builders
-from ..pipelines.common import read_jsonl, write_jsonl
-from ..pipelines.iterative_dpo import StageFailed
-from .train import launch_or_run
+from . import Subcommand
+from .train import launch_or_run, load_runtime
 
 
 def cmd_configured(args: argparse.Namespace, rest: list[str]) -> int:
@@ -22,6 +21,8 @@ def cmd_driver(args: argparse.Namespace, rest: list[str]) -> int:
     """A driver is one process; it prints one JSON row per stage summary it yields."""
     cfg = commands.load_config(args.command_name, args.config, rest)
     commands.check_inputs(cfg)
+    load_runtime()
+    from ..pipelines.iterative_dpo import StageFailed
     if read_env().world_size > 1:
         print(f"hpc-rlhf {args.command_name}: run the driver as one process; its stages start "
               "iterative.stage_nproc ranks each", file=sys.stderr)
@@ -47,6 +48,7 @@ def _build(command: str, rows: list[dict], args: argparse.Namespace) -> list[dic
 
 
 def cmd_build(args: argparse.Namespace, rest: list[str]) -> int:
+    from ..pipelines.common import read_jsonl, write_jsonl
     try:
         rows = read_jsonl(args.input)
         out = _build(args.command, rows, args)
@@ -58,36 +60,45 @@ def cmd_build(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def _add_builder(sub, name: str, what: str) -> None:
-    c = sub.add_parser(name, help=f"{what} (from a scored jsonl)")
-    c.add_argument("--input", required=True, help="scored jsonl (e.g. from hpc-rlhf score)")
-    c.add_argument("--output", required=True, help="jsonl file to write")
-    c.add_argument("--prompt-key", default="prompt")
-    c.add_argument("--response-key", default="response")
-    c.add_argument("--reward-key", default="reward")
-    if name == "best-of-n":
-        c.add_argument("--threshold", type=float, default=None,
-                       help="keep a prompt only when its best reward is >= this")
-    if name == "make-pairs":
-        c.add_argument("--min-margin", type=float, default=0.0,
-                       help="keep a pair only when best - worst reward > this")
-    if name == "csft-data":
-        c.add_argument("--template", default=builders.DEFAULT_SCORE_TEMPLATE,
-                       help="prefix template with a {score} field (default %(default)r)")
-    if name != "make-pairs":
-        c.add_argument("--input-key", default="input", help="SFT prompt column written")
-        c.add_argument("--output-key", default="output", help="SFT response column written")
-    c.set_defaults(func=cmd_build)
+def _builder_args(name: str):
+    def add(c: argparse.ArgumentParser) -> None:
+        c.add_argument("--input", required=True, help="scored jsonl (e.g. from hpc-rlhf score)")
+        c.add_argument("--output", required=True, help="jsonl file to write")
+        c.add_argument("--prompt-key", default="prompt")
+        c.add_argument("--response-key", default="response")
+        c.add_argument("--reward-key", default="reward")
+        if name == "best-of-n":
+            c.add_argument("--threshold", type=float, default=None,
+                           help="keep a prompt only when its best reward is >= this")
+        if name == "make-pairs":
+            c.add_argument("--min-margin", type=float, default=0.0,
+                           help="keep a pair only when best - worst reward > this")
+        if name == "csft-data":
+            c.add_argument("--template", default=builders.DEFAULT_SCORE_TEMPLATE,
+                           help="prefix template with a {score} field (default %(default)r)")
+        if name != "make-pairs":
+            c.add_argument("--input-key", default="input", help="SFT prompt column written")
+            c.add_argument("--output-key", default="output", help="SFT response column written")
+
+    return add
 
 
-def add_parsers(sub) -> None:
-    for name, command in commands.COMMANDS.items():
-        if name.startswith(commands.TRAIN):
-            continue
-        c = sub.add_parser(name, help=f"{command.help}: hpc-rlhf {name} --config FILE [key=value ...]")
-        c.add_argument("--config", help="YAML config file; key=value or --key value arguments override it")
-        c.set_defaults(func=cmd_driver if command.driver else cmd_configured, command_name=name, takes_rest=True)
-    for name, what in (("best-of-n", "rejection sampling: the best response per prompt as SFT rows"),
-                       ("make-pairs", "best vs worst response per prompt as DPO pairs"),
-                       ("csft-data", "conditional SFT rows: the score as a prefix of the prompt")):
-        _add_builder(sub, name, what)
+def _configured_args(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--config", help="YAML config file; key=value or --key value arguments override it")
+
+
+def _configured(name: str, command: commands.Command) -> Subcommand:
+    def run(args: argparse.Namespace, rest: list[str]) -> int:
+        args.command_name = name
+        return (cmd_driver if command.driver else cmd_configured)(args, rest)
+    return Subcommand(name, f"{command.help}: hpc-rlhf {name} --config FILE [key=value ...]", _configured_args, run,
+                      takes_rest=True, light=True)
+
+
+SUBCOMMANDS = [
+    *(_configured(name, c) for name, c in commands.COMMANDS.items() if not name.startswith(commands.TRAIN)),
+    *(Subcommand(name, f"{what} (from a scored jsonl)", _builder_args(name), cmd_build)
+      for name, what in (("best-of-n", "rejection sampling: the best response per prompt as SFT rows"),
+                         ("make-pairs", "best vs worst response per prompt as DPO pairs"),
+                         ("csft-data", "conditional SFT rows: the score as a prefix of the prompt"))),
+]

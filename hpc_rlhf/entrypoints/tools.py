@@ -9,14 +9,14 @@ import sys
 import threading
 
 from ..launch.status import StatusError, render, run_status
-from ..models import gguf, lora, tiny
 from ..reports import ReportError, write_report
-from ..rewards.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT, read_token, start_server
 from ..rewards.errors import RewardError
+from . import Subcommand
 
 
 def add_tiny_model_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hpc-rlhf tiny-model OUT ...``."""
+    from ..models import tiny
     parser.add_argument("out", help="folder to write the model and tokenizer to")
     parser.add_argument("--arch", choices=tiny.ARCHS, default="llama", help="model architecture")
     parser.add_argument("--hidden-size", type=int, default=64, help="hidden size")
@@ -31,6 +31,7 @@ def add_tiny_model_args(parser: argparse.ArgumentParser) -> None:
 
 def tiny_model(args: argparse.Namespace, rest: list[str] | None = None) -> int:
     """Build the model described by ``args``; print its path and parameter count."""
+    from ..models import tiny
     out = tiny.build_tiny_model(args.out, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.layers,
                                 num_heads=args.heads, num_kv_heads=args.kv_heads,
                                 intermediate_size=args.intermediate_size,
@@ -41,6 +42,7 @@ def tiny_model(args: argparse.Namespace, rest: list[str] | None = None) -> int:
 
 def add_import_gguf_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hpc-rlhf import-gguf FILE OUT [--dtype fp32|bf16] [--overwrite]``."""
+    from ..models import gguf
     parser.add_argument("file", help="the GGUF file (llama.cpp's single-file checkpoint, any quantization)")
     parser.add_argument("out", help="folder to write the transformers model, tokenizer and chat template to")
     parser.add_argument("--dtype", choices=gguf.DTYPES, default="fp32",
@@ -50,6 +52,7 @@ def add_import_gguf_args(parser: argparse.ArgumentParser) -> None:
 
 def import_gguf(args: argparse.Namespace, rest: list[str] | None = None) -> int:
     """Convert ``args.file`` into the folder ``args.out``; print where it went."""
+    from ..models import gguf
     out = gguf.import_gguf(args.file, args.out, dtype=args.dtype, overwrite=args.overwrite)
     print(f"imported {args.file} into {out}")
     return 0
@@ -57,6 +60,7 @@ def import_gguf(args: argparse.Namespace, rest: list[str] | None = None) -> int:
 
 def add_lora_merge_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hpc-rlhf lora-merge ADAPTER_DIR OUT [--base PATH] [--dtype fp32|bf16]``."""
+    from ..models import lora
     parser.add_argument("adapter_dir", help="folder holding adapter_config.json and the adapter weights")
     parser.add_argument("out", help="folder to write the merged model to")
     parser.add_argument("--base", default=None,
@@ -66,6 +70,7 @@ def add_lora_merge_args(parser: argparse.ArgumentParser) -> None:
 
 def lora_merge(args: argparse.Namespace, rest: list[str] | None = None) -> int:
     """Merge ``args.adapter_dir`` into its base and print where the merged model went."""
+    from ..models import lora
     out = lora.merge_lora(args.adapter_dir, args.out, base=args.base, dtype=args.dtype)
     print(f"merged {args.adapter_dir} into {out}")
     return 0
@@ -73,6 +78,7 @@ def lora_merge(args: argparse.Namespace, rest: list[str] | None = None) -> int:
 
 def add_serve_reward_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hpc-rlhf serve-reward``."""
+    from ..rewards.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT
     parser.add_argument("--reward-func", required=True, metavar="FILE",
                         help="Python file defining reward_func(queries, prompts, labels), or builtin:math")
     parser.add_argument("--host", default="127.0.0.1",
@@ -91,6 +97,7 @@ def add_serve_reward_args(parser: argparse.ArgumentParser) -> None:
 def serve_reward(args: argparse.Namespace, rest: list[str] | None = None,
                  stop_event: threading.Event | None = None) -> int:
     """Serve until SIGINT/SIGTERM (or until ``stop_event`` is set); print the URL on stdout first."""
+    from ..rewards.server import read_token, start_server
     try:
         token = read_token(args.token_env, args.token_file)
     except ValueError as e:
@@ -162,18 +169,15 @@ def report(args: argparse.Namespace, rest: list[str] | None = None) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
-    for name, add_args, func, what in (
-            ("tiny-model", add_tiny_model_args, tiny_model, "build a random-weight tiny model and a local tokenizer"),
-            ("import-gguf", add_import_gguf_args, import_gguf,
-             "convert a GGUF checkpoint into a transformers folder (weights dequantized)"),
-            ("lora-merge", add_lora_merge_args, lora_merge, "merge a LoRA adapter into its base model"),
-            ("serve-reward", add_serve_reward_args, serve_reward,
-             "serve a reward-function file over HTTP (127.0.0.1 by default)"),
-            ("status", add_status_args, status,
-             "where a run stands, from its files: steps, checkpoint, SLURM attempts, ETA, errors, running?"),
-            ("report", add_report_args, report,
-             "charts, report.html and summary.md of one or more runs, read from their folders (docs/report.md)")):
-        c = sub.add_parser(name, help=what)
-        add_args(c)
-        c.set_defaults(func=func)
+SUBCOMMANDS = [
+    Subcommand("tiny-model", "build a random-weight tiny model and a local tokenizer", add_tiny_model_args, tiny_model),
+    Subcommand("import-gguf", "convert a GGUF checkpoint into a transformers folder (weights dequantized)",
+               add_import_gguf_args, import_gguf),
+    Subcommand("lora-merge", "merge a LoRA adapter into its base model", add_lora_merge_args, lora_merge),
+    Subcommand("serve-reward", "serve a reward-function file over HTTP (127.0.0.1 by default)", add_serve_reward_args,
+               serve_reward),
+    Subcommand("status", "where a run stands, from its files: steps, checkpoint, SLURM attempts, ETA, errors, "
+                         "running?", add_status_args, status, light=True),
+    Subcommand("report", "charts, report.html and summary.md of one or more runs, read from their folders "
+                         "(docs/report.md)", add_report_args, report, light=True),
+]

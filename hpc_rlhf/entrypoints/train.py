@@ -9,10 +9,16 @@ from .. import commands
 from ..checkpoint.layout import CheckpointError
 from ..config import ConfigError, reference
 from ..distributed.env import read_env
-from ..launch.local import already_launched, launch_local
-from ..launch.plan import run_plan
-from ..launch.submit import submit
-from ..launch.sweep import SweepError, describe, plan_sweep, run_local, submit_array, write_sweep
+from . import Subcommand
+
+
+def load_runtime() -> None:
+    """torch, loaded with the OpenMP wait policy chosen for this rank (distributed/openmp.py), and DeepSpeed's
+    environment set before anything imports it (it prints to stdout when it guesses the accelerator)."""
+    from ..distributed.openmp import load_torch
+    from ..engines.deepspeed_strategy import configure_deepspeed_env
+    load_torch()
+    configure_deepspeed_env()
 
 
 def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
@@ -31,6 +37,8 @@ def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
         if not read_env().is_main:
             raise SystemExit(2) from None  # the main rank prints the same message
         raise
+    load_runtime()
+    from ..launch.local import already_launched, launch_local
     nproc, describe = cfg.launch.nproc, None
     if plan is not None:
         nproc, describe = plan.world_size, lambda r: "roles " + "+".join(plan.roles_of(r))
@@ -48,12 +56,14 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, rest: list[str]) -> int:
+    from ..launch.plan import run_plan
     name = commands.TRAIN + args.trainer
     cfg = commands.load_config(name, args.config, rest)
     return run_plan(args.trainer, cfg, commands.placement_plan(name, cfg), args.config, rest, args.script_only)
 
 
 def cmd_submit(args: argparse.Namespace, rest: list[str]) -> int:
+    from ..launch.submit import submit
     job = submit(args.trainer, args.config, rest, folder=args.folder)
     print(f"submitted SLURM job {job.job_id} (submitit folder {job.paths.folder})")
     if args.wait:
@@ -64,6 +74,7 @@ def cmd_submit(args: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_sweep(args: argparse.Namespace, rest: list[str]) -> int:
     """Check the whole sweep, then write it and submit one job array (or run it here with --local)."""
+    from ..launch.sweep import SweepError, describe, plan_sweep, run_local, submit_array, write_sweep
     if "=" in args.trainer or args.trainer.startswith("-"):  # no TRAINER given: an override took its place
         rest, args.trainer = [args.trainer, *rest], "rl"
     if args.trainer not in commands.trainers():
@@ -104,27 +115,28 @@ def cmd_options(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
-    t = sub.add_parser("train", help="train a model: hpc-rlhf train sft --config FILE [key=value ...]")
+def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("trainer", choices=commands.trainers())
     t.add_argument("--config", help="YAML config file; key=value or --key value arguments override it")
-    t.set_defaults(func=cmd_train, takes_rest=True)
 
-    for name, func, what in (("plan", cmd_plan, "print the placement, memory per role and sbatch script; "
-                                                 "submits nothing"),
-                             ("submit", cmd_submit, "submit the job to SLURM through submitit")):
-        c = sub.add_parser(name, help=f"{what}: hpc-rlhf {name} rl --config FILE [key=value ...]")
-        c.add_argument("trainer", choices=commands.trainers())
-        c.add_argument("--config", help="YAML config file (its `slurm` section sets resources); key=value overrides")
-        if name == "plan":
-            c.add_argument("--script-only", action="store_true", help="print only the sbatch script")
-        if name == "submit":
-            c.add_argument("--folder", help="submitit folder (default: slurm.log_dir/submitit)")
-            c.add_argument("--wait", action="store_true", help="wait for the job and print rank 0's final metrics")
-        c.set_defaults(func=func, takes_rest=True)
 
-    w = sub.add_parser("sweep", help="a grid of overrides x seeds as one SLURM job array (or --local, one run "
-                                     "after the other): hpc-rlhf sweep rl --config FILE --grid KEY=V1,V2 ...")
+def _add_job_args(c: argparse.ArgumentParser) -> None:
+    c.add_argument("trainer", choices=commands.trainers())
+    c.add_argument("--config", help="YAML config file (its `slurm` section sets resources); key=value overrides")
+
+
+def add_plan_args(c: argparse.ArgumentParser) -> None:
+    _add_job_args(c)
+    c.add_argument("--script-only", action="store_true", help="print only the sbatch script")
+
+
+def add_submit_args(c: argparse.ArgumentParser) -> None:
+    _add_job_args(c)
+    c.add_argument("--folder", help="submitit folder (default: slurm.log_dir/submitit)")
+    c.add_argument("--wait", action="store_true", help="wait for the job and print rank 0's final metrics")
+
+
+def add_sweep_args(w: argparse.ArgumentParser) -> None:
     w.add_argument("trainer", nargs="?", default="rl", metavar="TRAINER",
                    help=f"the trainer, one of {', '.join(commands.trainers())} (default rl)")
     w.add_argument("--config", help="the base YAML config; key=value arguments override it for every run")
@@ -136,8 +148,21 @@ def add_parsers(sub) -> None:
     w.add_argument("--max-parallel", type=int, metavar="K", help="at most K runs at once (sbatch --array=...%%K)")
     w.add_argument("--local", action="store_true", help="no SLURM: run the runs here, one after the other")
     w.add_argument("--dry-run", action="store_true", help="check and print the runs and the script; write nothing")
-    w.set_defaults(func=cmd_sweep, takes_rest=True)
 
-    o = sub.add_parser("options", help="print the option reference (docs/options.md)")
+
+def add_options_args(o: argparse.ArgumentParser) -> None:
     o.add_argument("--write", action="store_true", help="rewrite docs/options.md")
-    o.set_defaults(func=cmd_options)
+
+
+SUBCOMMANDS = [
+    Subcommand("train", "train a model: hpc-rlhf train sft --config FILE [key=value ...]", add_train_args, cmd_train,
+               takes_rest=True, light=True),
+    Subcommand("plan", "print the placement, memory per role and sbatch script; submits nothing: hpc-rlhf plan rl "
+                       "--config FILE [key=value ...]", add_plan_args, cmd_plan, takes_rest=True, light=True),
+    Subcommand("submit", "submit the job to SLURM through submitit: hpc-rlhf submit rl --config FILE [key=value ...]",
+               add_submit_args, cmd_submit, takes_rest=True),
+    Subcommand("sweep", "a grid of overrides x seeds as one SLURM job array (or --local, one run after the other): "
+                        "hpc-rlhf sweep rl --config FILE --grid KEY=V1,V2 ...", add_sweep_args, cmd_sweep,
+               takes_rest=True, light=True),
+    Subcommand("options", "print the option reference (docs/options.md)", add_options_args, cmd_options, light=True),
+]

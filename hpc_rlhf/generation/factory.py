@@ -12,9 +12,13 @@ from ..models.shape import model_shape
 from .specs import ENGINES, LEAN, TRANSFORMERS, VLLM, EngineSpec
 
 log = logging.getLogger(__name__)
+# each engine's class, imported when one is built (vLLM and the lean kernels load nothing before)
+IMPLEMENTATIONS = {"hf": "hpc_rlhf.generation.hf:HFEngine", "lean": "hpc_rlhf.generation.lean.engine:LeanEngine",
+                   "vllm": "hpc_rlhf.generation.vllm:VllmEngine"}
+LEAN_CHECK = "hpc_rlhf.generation.lean.decoder:lean_supported"  # whether the lean engine runs a built model
 
 
-def vllm_imports() -> bool:
+def vllm_installed() -> bool:
     """Whether vLLM is installed where this process runs (found, not imported: vLLM takes seconds to import)."""
     return importlib.util.find_spec("vllm") is not None
 
@@ -33,9 +37,13 @@ def choose(requested: str, model_type: str, cuda: bool, vllm_found: bool) -> tup
     return TRANSFORMERS, f"rollout.engine=auto: {why}, and the lean engine does not run {model_type} models"
 
 
-def _implementation(spec: EngineSpec):
-    module, name = spec.implementation.split(":")
+def _resolve(reference: str):
+    module, name = reference.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def _implementation(spec: EngineSpec):
+    return _resolve(IMPLEMENTATIONS[spec.name])
 
 
 def transformers_engine(model_path_or_module, dtype="fp32", device="cpu", max_batch_size: int = 64, lean: bool = True,
@@ -44,7 +52,7 @@ def transformers_engine(model_path_or_module, dtype="fp32", device="cpu", max_ba
     model is one it runs, else the plain one."""
     engine = _implementation(TRANSFORMERS)(model_path_or_module, dtype=dtype, device=device,
                                            max_batch_size=max_batch_size)
-    if lean and importlib.import_module("hpc_rlhf.generation.lean.decoder").lean_supported(engine.model):
+    if lean and _resolve(LEAN_CHECK)(engine.model):
         return _implementation(LEAN)(engine.model, dtype=dtype, device=device, max_batch_size=max_batch_size,
                                      cuda_graphs=cuda_graphs, shared_prefix=shared_prefix,
                                      few_row_kernel=few_row_kernel)
@@ -54,7 +62,7 @@ def transformers_engine(model_path_or_module, dtype="fp32", device="cpu", max_ba
 def engine_choice(opts, pretrain: str, device) -> tuple[EngineSpec, str]:
     """The engine ``opts`` (``EngineOptions``) means for the model ``pretrain`` on ``device``, and why (``choose``)."""
     return choose(requested_engine(opts), model_shape(pretrain).model_type, str(device).startswith("cuda"),
-                  vllm_imports())
+                  vllm_installed())
 
 
 def make_engine(opts, pretrain: str, dtype: str, device, max_batch_size: int, seed: int = 0,

@@ -1,5 +1,5 @@
-"""What each generation engine declares without being loaded: where its code is, the architectures it runs, the
-weight transports it takes and its memory model.  The factory builds engines from these and `hpc-rlhf plan` counts
+"""What each generation engine declares without being loaded: the architectures it runs, the weight transports it
+takes and its memory model.  The factory builds engines from these and `hpc-rlhf plan` counts
 their memory; neither imports an engine's code (torch, vLLM, the lean kernels) to read them."""
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ SHARED, SLOTS, BROADCAST = "shared", "slots", "broadcast"
 @dataclass(frozen=True)
 class EngineSpec:
     name: str
-    implementation: str  # "module:Class", imported when an engine is built
     transports: tuple[str, ...]
     model_types: tuple[str, ...] | None = None  # the architectures it runs (None: whatever transformers builds)
 
@@ -54,8 +53,7 @@ class VllmSpec(EngineSpec):
         return parts
 
 
-TRANSFORMERS = EngineSpec("hf", "hpc_rlhf.generation.hf:HFEngine", (SHARED, SLOTS, BROADCAST))
-LEAN = LeanSpec("lean", "hpc_rlhf.generation.lean.engine:LeanEngine", (SHARED, SLOTS, BROADCAST),
-                model_types=("llama", "qwen2", "mistral"))
-VLLM = VllmSpec("vllm", "hpc_rlhf.generation.vllm:VllmEngine", (SLOTS, BROADCAST))
+TRANSFORMERS = EngineSpec("hf", (SHARED, SLOTS, BROADCAST))
+LEAN = LeanSpec("lean", (SHARED, SLOTS, BROADCAST), model_types=("llama", "qwen2", "mistral"))
+VLLM = VllmSpec("vllm", (SLOTS, BROADCAST))
 ENGINES = {spec.name: spec for spec in (VLLM, LEAN, TRANSFORMERS)}

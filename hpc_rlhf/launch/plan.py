@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..distributed.weight_sync import BUCKET_BYTES
-from ..generation.factory import choose, requested_engine, vllm_imports
+from ..generation.factory import choose, requested_engine, vllm_installed
 from ..generation.specs import SHARED
 from ..models.shape import model_shape
 from . import memory
@@ -31,7 +31,7 @@ def rollout_engine(cfg, plan):
     comps = components(cfg, plan)
     gpus = next(c for c in comps if "rollout" in c.placement.roles).resources.gpus_per_task
     return choose(requested_engine(cfg.rollout), model_shape(cfg.model.pretrain).model_type, bool(gpus),
-                  vllm_imports())
+                  vllm_installed())
 
 
 def role_memory(cfg, plan) -> dict[str, dict[str, int]]:

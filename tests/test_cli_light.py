@@ -1,0 +1,76 @@
+"""A login node's commands stay light: `hpc-rlhf --help`, `options`, `plan`, `status`, `report` and `sweep` load no
+torch, and a configured command reports a config error (unknown key, value out of range, missing file) before it
+loads torch."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "transformers", "datasets", "deepspeed", "vllm")
+# runs hpc_rlhf.cli.main(argv) and prints the exit code and the heavy packages it loaded, as JSON on the last line
+PROBE = """
+import json, sys
+from hpc_rlhf import cli
+try:
+    rc = cli.main(sys.argv[1:])
+except SystemExit as e:
+    rc = e.code
+print(json.dumps({"rc": rc, "loaded": [m for m in %r if m in sys.modules]}))
+""" % (HEAVY,)
+
+
+def probe(*argv: str, cwd=None) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120, cwd=cwd)
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "stderr": proc.stderr}
+
+
+def test_importing_the_cli_loads_no_torch():
+    code = f"import sys; import hpc_rlhf.cli; print([m for m in {HEAVY!r} if m in sys.modules])"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("light")
+    (root / "m").mkdir()
+    (root / "m" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 16, "vocab_size": 10}))
+    (root / "d.jsonl").write_text('{"input": "1+1=", "output": "2"}\n')
+    (root / "config.yaml").write_text(f"model: {{pretrain: {root / 'm'}}}\ndata: {{dataset: [{root / 'd.jsonl'}]}}\n")
+    return root
+
+
+def light_commands(root):
+    m, d = f"pretrain={root / 'm'}", root / "d.jsonl"
+    return {
+        "help": ["--help"],
+        "options": ["options"],
+        "plan sft": ["plan", "sft", m, f"dataset={d}"],
+        "plan rl": ["plan", "rl", m, f"prompt_data={d}", "reward_func=builtin:math", "rollout_num_ranks=2"],
+        "status": ["status", str(root)],
+        "report": ["report", str(root), "--out", str(root / "report")],
+        "sweep": ["sweep", "sft", "--config", str(root / "config.yaml"), "--grid", "learning_rate=1e-5,2e-5",
+                  "--out", str(root / "sweep"), "--dry-run"],
+    }
+
+
+@pytest.mark.parametrize("name", ["help", "options", "plan sft", "plan rl", "status", "report", "sweep"])
+def test_login_node_commands_load_no_torch(inputs, name):
+    out = probe(*light_commands(inputs)[name])
+    assert out["loaded"] == [], out["stderr"][-2000:]
+    assert out["rc"] in (0, 2), out["stderr"][-2000:]  # status and report of a folder that is no run: exit 2
+
+
+@pytest.mark.parametrize("override,message", [
+    ("bogus_key=1", "unknown option 'bogus_key'"),
+    ("train.learning_rate=-1", "learning_rate"),
+    ("dataset=/nowhere/d.jsonl", "/nowhere/d.jsonl"),
+])
+def test_config_errors_come_before_torch(inputs, override, message):
+    out = probe("train", "sft", f"pretrain={inputs / 'm'}", f"dataset={inputs / 'd.jsonl'}", override)
+    assert out["rc"] == 2 and message in out["stderr"], out["stderr"][-2000:]
+    assert out["loaded"] == []
