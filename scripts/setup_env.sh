@@ -35,8 +35,3 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   echo "$want" > "$stamp"
 fi
-# The lean decoder's few-row product kernel (hpc_rlhf/generation/lean/few_rows.py) compiles on first use (~40 s);
-# build it here, into PyTorch's extension cache, once per source and PyTorch version (a no-op after that).
-if ! "$VENV/bin/python" -m hpc_rlhf.generation.lean.few_rows >/dev/null; then
-  echo "setup: the few-row product kernel was not built (reason above); the lean decoder uses oneDNN" >&2
-fi

@@ -30,6 +30,7 @@ from safetensors import safe_open
 
 from .engine import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, combine_checksums, \
     tensor_part_checksum
+from . import vllm_reload as reload
 from .specs import VLLM
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -43,25 +44,11 @@ def vllm_available() -> bool:
     return True
 
 
-def _worker_begin(worker) -> None:
-    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-    initialize_layerwise_reload(worker.model_runner.model)
-
-
-def _worker_load(worker, named: list[tuple[str, torch.Tensor]]) -> None:
-    worker.model_runner.model.load_weights(named)
-
-
 def _cpu_bind_per_worker(workers: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND giving each CPU worker an equal share of this process's CPUs ("0|1")."""
     cpus = sorted(os.sched_getaffinity(0))
     per = max(1, len(cpus) // workers)
     return "|".join(",".join(map(str, cpus[i * per:(i + 1) * per])) for i in range(workers))
-
-
-def _worker_finish(worker) -> None:
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-    finalize_layerwise_reload(worker.model_runner.model, worker.model_runner.model_config)
 
 
 class VllmEngine(RolloutEngine):
@@ -140,16 +127,16 @@ class VllmEngine(RolloutEngine):
     def begin_weight_update(self) -> None:
         self.wake()
         self._pending = {}
-        self.llm.collective_rpc(_worker_begin)
+        self.llm.collective_rpc(reload.begin)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         named = [(name, t.detach()) for name, t in named_tensors]
-        self.llm.collective_rpc(functools.partial(_worker_load, named=named))
+        self.llm.collective_rpc(functools.partial(reload.load, named=named))
         if self.track_checksums:
             self._pending.update((name, tensor_part_checksum(t)) for name, t in named)
 
     def finish_weight_update(self) -> None:
-        self.llm.collective_rpc(_worker_finish)
+        self.llm.collective_rpc(reload.finish)
         self.llm.reset_prefix_cache()
         if self.track_checksums:  # an update may hold only some tensors (LoRA: the merged layers)
             if self._loaded is None:

@@ -154,6 +154,9 @@ def run_grpo(ctx: Context, name: str, config: dict, timeout_s: float) -> dict:
                "step_s": [round(r["time/step_s"], 2) for r in rows if "time/step_s" in r]}
     if any("actor/mismatch/max_abs_diff" in r for r in rows):
         figures["mismatch_max_abs_diff"] = [r.get("actor/mismatch/max_abs_diff") for r in rows]
+    log = (ctx.work / "logs" / f"{name}.log").read_text(errors="replace")
+    figures["rollout_engine"] = next((line.split("rollout engine: ", 1)[1] for line in log.splitlines()
+                                      if "rollout engine: " in line), None)  # which engine the run chose, and why
     expect(figures["steps"] == [1, 2, 3, 4], f"{name}: logged steps {figures['steps']}", figures)
     expect(None not in figures["actor_loss"], f"{name}: a step without a finite actor/loss", figures)
     expect(None not in sent and all(ld for ld in loaded), f"{name}: a step without sync checksums", figures)
