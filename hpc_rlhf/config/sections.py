@@ -7,36 +7,50 @@ from typing import Literal
 from .base import ConfigError, field
 
 
+@dataclass
+class VllmOptions:
+    """The vLLM engine's settings (docs/vllm.md)."""
+    max_model_len: int | None = field(None, ge=1, aliases=("vllm_max_model_len",),
+                                      help="longest prompt + response (default: the model's)")
+    cpu_kv_cache_gib: int = field(1, ge=1, aliases=("vllm_cpu_kv_cache_gib",),
+                                  help="on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
+    gpu_memory_utilization: float = field(0.5, gt=0, le=1, aliases=("vllm_gpu_memory_utilization",),
+                                          help="on GPU: fraction of GPU memory for weights and KV cache (lower it "
+                                               "when the actor shares the GPU)")
+    tensor_parallel_size: int = field(1, ge=1, aliases=("vllm_tensor_parallel_size",),
+                                      help="shards of the model inside each rank's engine (worker processes; on GPU "
+                                           "one device each)")
+
+
+@dataclass
+class LeanOptions:
+    """The lean engine's settings (hpc_rlhf/generation/lean/)."""
+    cuda_graphs: bool = field(True, help="on CUDA: replay each decode step as one CUDA graph, captured once per batch "
+                                         "(finished rows then stay in the batch); false: launch its kernels one by "
+                                         "one")
+    shared_prefix: bool = field(True, help="on the CPU in fp32: a prompt's samples share its prefilled cache (its keys "
+                                           "and values kept once, attended to once per prompt); false: each sample "
+                                           "holds a copy (as on CUDA and in bf16)")
+    few_row_kernel: bool = field(True, help="on an x86 CPU with AVX2 in fp32: kernels compiled on first use with the "
+                                            "machine's C++ compiler and cached take every matrix product (the RMS "
+                                            "norm, silu(gate) * up and the residual on the way), each decode step's "
+                                            "rotary embedding, cache write and attention (hpc_rlhf/generation/lean/"
+                                            "few_rows.py; a warning and PyTorch's operations where they cannot be "
+                                            "built); false: PyTorch's operations (oneDNN's products)")
+
+
 @dataclass(kw_only=True)
 class EngineOptions:
-    """The generation engine and its vLLM settings: shared by `train rl` (rollout) and `hpc-rlhf generate`."""
-    engine: Literal["hf", "vllm"] = field("hf", help="generation engine: hf (in-process transformers) or vllm "
-                                                      "(the vllm package on GPU, vllm-cpu on CPU; docs/vllm.md)")
-    lean_decoder: bool = field(True, help="hf engine: decode llama-family models (llama, qwen2, mistral) through the "
-                                          "lean forward, the CPU / small-model path, which keeps packed copies of "
-                                          "the linear weights (one more copy of them); false: the transformers "
-                                          "forward (other architectures always use it)")
-    cuda_graphs: bool = field(True, help="hf engine with the lean decoder on CUDA: replay each decode step as one CUDA "
-                                         "graph, captured once per batch (finished rows then stay in the batch); "
-                                         "false: launch its kernels one by one")
-    shared_prefix: bool = field(True, help="hf engine with the lean decoder on the CPU in fp32: a prompt's samples "
-                                           "share its prefilled cache (its keys and values kept once, attended to "
-                                           "once per prompt); false: each sample holds a copy (as on CUDA and in "
-                                           "bf16)")
-    few_row_kernel: bool = field(True, help="hf engine with the lean decoder on an x86 CPU with AVX2 in fp32: "
-                                            "kernels compiled on first use with the machine's C++ compiler and "
-                                            "cached take every matrix product (the RMS norm, silu(gate) * up and "
-                                            "the residual on the way), each decode step's rotary embedding, cache "
-                                            "write and attention (hpc_rlhf/generation/lean/few_rows.py; a warning and "
-                                            "PyTorch's operations where they cannot be built); false: PyTorch's "
-                                            "operations (oneDNN's products)")
-    vllm_max_model_len: int | None = field(None, ge=1, help="vllm: longest prompt + response (default: the model's)")
-    vllm_cpu_kv_cache_gib: int = field(1, ge=1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
-    vllm_gpu_memory_utilization: float = field(0.5, gt=0, le=1,
-                                               help="vllm on GPU: fraction of GPU memory for weights and KV cache "
-                                                    "(lower it when the actor shares the GPU)")
-    vllm_tensor_parallel_size: int = field(1, ge=1, help="vllm: shards of the model inside each rollout rank's engine "
-                                                         "(worker processes; on GPU one device each)")
+    """The generation engine and its settings, one section per engine: shared by `train rl` and `hpc-rlhf eval`
+    (rollout) and `hpc-rlhf generate` (model)."""
+    engine: Literal["auto", "vllm", "lean", "hf"] = field(
+        "auto", help="generation engine: auto (lean for a model it runs, else hf), vllm (the vllm package on GPU, "
+                     "vllm-cpu on CPU; docs/vllm.md), lean (the lean decoder: llama-family models (llama, qwen2, "
+                     "mistral) through a lean forward, the CPU / small-model path, which keeps packed copies of the "
+                     "linear weights, one more copy of them; refuses other models), hf (the plain transformers "
+                     "forward)")
+    vllm: VllmOptions = field(default_factory=VllmOptions, help="engine vllm")
+    lean: LeanOptions = field(default_factory=LeanOptions, help="engine lean (and auto where it picks lean)")
 
 
 @dataclass

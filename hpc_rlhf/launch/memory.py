@@ -18,9 +18,9 @@ width, i the MLP width, V the vocabulary; b = 2 for bf16 values, 4 for fp32):
   saved log-softmax, the gradient of its output and of its input); measured 3.1 on SmolLM2-135M in fp32
   (16 rows of 136 prompt and 256 response tokens: 11.5 GiB over the model and its gradients, of which 9.15
   are the activations above).
-- rollout: weights, the lean decoder's packed copy of the linear weights (transformers engine, llama-family
+- rollout: weights, the lean decoder's packed copy of the linear weights (lean engine, llama-family
   models), and the key/value cache of the rank's sequences at full length (vLLM: the cache it preallocates,
-  `vllm_cpu_kv_cache_gib` on a CPU rank).
+  `rollout.vllm.cpu_kv_cache_gib` on a CPU rank).
 - weight-sync shared weights: on a CPU weights bridge (the actor's and the rollout ranks' components differ)
   to transformers engines, the engines' weights live in shared memory that the actor leader maps and writes
   at each sync: N b on the actor's ranks (the leader's; the other actor ranks do not map it), nothing more on

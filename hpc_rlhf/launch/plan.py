@@ -30,7 +30,7 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
     lora = m.lora_rank > 0
     if plan is None:  # one role group: the trained model, and a frozen reference or teacher on its ranks
         objective = getattr(cfg, "objective", None)
-        logits = 0 if type(cfg).__name__ == "RMConfig" else cfg.data.max_len  # a reward model has a value head
+        logits = 0 if getattr(objective, "score_head", False) else cfg.data.max_len  # a score head has no logits
         out = {"actor": memory.trained(actor, m.param_dtype, t.zero_stage, cfg.launch.nproc, lora, t.adam_offload,
                                        t.micro_train_batch_size, cfg.data.max_len, m.gradient_checkpointing, logits)}
         for attr, role in (("ref_pretrain", "reference"), ("teacher_pretrain", "teacher")):
@@ -61,14 +61,14 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
         on_cpu = not next(c for c in comps if "rollout" in c.placement.roles).resources.gpus_per_task
         out["rollout"] = memory.generating(
             actor, m.param_dtype, min(per_rank, r.max_batch_size), seq,
-            packed=packs_weights(r.engine, r.lean_decoder, actor.model_type),
-            preallocated_kv=r.vllm_cpu_kv_cache_gib * 2 ** 30 if r.engine == "vllm" and on_cpu else None)
+            packed=packs_weights(r.engine, actor.model_type),
+            preallocated_kv=r.vllm.cpu_kv_cache_gib * 2 ** 30 if r.engine == "vllm" and on_cpu else None)
         # a weights bridge between CPU components: the transformers engines' weights live in shared memory that
         # the actor leader maps and writes; vLLM's load from two shared-memory slots that both sides map
         actor_comp = next((c for c in comps if "actor" in c.placement.roles), None)
         if actor_comp is not None and "rollout" not in actor_comp.placement.roles \
                 and not any(c.resources.gpus_per_task for c in comps):
-            if r.engine == "hf":
+            if r.engine != "vllm":
                 out["actor"]["weight-sync shared weights"] = memory.shared_weights(actor, m.param_dtype)
             else:
                 out["rollout"]["weight-sync slots"] = out["actor"]["weight-sync slots"] = \
