@@ -65,7 +65,7 @@ class UnpairedDataConfig(PreferenceDataConfig):
                                          "(undesirable); also 1/0 and 'true'/'false'")
 
 
-class Objective:
+class ObjectiveSection:
     """What an objective section declares besides its options: the registered trainer unit that implements it
     (``unit``), and whether that unit replaces the model's LM head by a fresh one-output score head
     (``score_head``: no logits; LoRA and 4-bit not supported yet)."""
@@ -74,7 +74,7 @@ class Objective:
 
 
 @dataclass
-class RewardObjective(Objective):
+class RewardObjective(ObjectiveSection):
     unit: ClassVar[str] = "rm"
     score_head: ClassVar[bool] = True
     loss_type: Literal["sigmoid", "log_exp"] = field(
@@ -85,7 +85,7 @@ class RewardObjective(Objective):
 
 
 @dataclass
-class DPOObjective(Objective):
+class DPOObjective(ObjectiveSection):
     unit: ClassVar[str] = "dpo"
     beta: float = field(0.1, gt=0, help="strength of the implicit KL to the reference model")
     loss_type: Literal["sigmoid", "ipo"] = field("sigmoid", help="sigmoid: DPO (cDPO with label_smoothing); "
@@ -104,7 +104,7 @@ class DPOObjective(Objective):
 
 
 @dataclass
-class KTOObjective(Objective):
+class KTOObjective(ObjectiveSection):
     unit: ClassVar[str] = "kto"
     beta: float = field(0.1, gt=0, help="strength of the implicit KL to the reference model")
     desirable_weight: float = field(1.0, ge=0, help="λ_D, weight of desirable rows (the paper advises "
@@ -114,7 +114,7 @@ class KTOObjective(Objective):
 
 
 @dataclass
-class SimPOObjective(Objective):
+class SimPOObjective(ObjectiveSection):
     unit: ClassVar[str] = "simpo"
     beta: float = field(2.0, gt=0, help="scale of the length-normalised log-prob rewards")
     gamma: float = field(1.0, ge=0, help="target reward margin γ between chosen and rejected")
@@ -122,7 +122,7 @@ class SimPOObjective(Objective):
 
 
 @dataclass
-class ORPOObjective(Objective):
+class ORPOObjective(ObjectiveSection):
     unit: ClassVar[str] = "orpo"
     orpo_lambda: float = field(0.1, ge=0, help="λ, weight of the odds-ratio term added to the chosen response's NLL")
 
@@ -175,7 +175,7 @@ class ProcessDataConfig(SourcesConfig):
 
 
 @dataclass
-class ProcessRewardObjective(Objective):
+class ProcessRewardObjective(ObjectiveSection):
     unit: ClassVar[str] = "prm"
     positive_token: str = field("+", help="the token the PRM answers for a correct step (one token)")
     negative_token: str = field("-", help="the token the PRM answers for an incorrect step (one token)")
@@ -188,7 +188,7 @@ class ProcessRewardObjective(Objective):
 
 
 @dataclass
-class DistillObjective(Objective):
+class DistillObjective(ObjectiveSection):
     unit: ClassVar[str] = "kd"
     teacher_pretrain: str | None = field(None, path="model", help="the teacher: HF model folder or hub name (same "
                                                                   "vocabulary as the student); frozen, on the same "
@@ -212,7 +212,7 @@ class DistillDataConfig(DataConfig):
                               "data.packing_samples and data.micro_batch_tokens are not supported")
 
 
-def _trainer(name: str, objective: type[Objective], data: type, data_help: str, objective_help: str,
+def _trainer(name: str, objective: type[ObjectiveSection], data: type, data_help: str, objective_help: str,
              model_help: str = "the model and its adapters") -> type:
     """The config class of `hpc-rlhf train UNIT`: the shared sections, the model, the data and the objective."""
     return dataclasses.make_dataclass(
