@@ -13,39 +13,25 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from .base import ConfigError, field
-from .sections import (CheckpointConfig, DataConfig, LaunchConfig, LogConfig, ModelConfig, SourcesConfig,
-                       TrainConfig)
+from .sections import (CheckpointConfig, DataConfig, LaunchConfig, LogConfig, ModelConfig, RenderedSources,
+                       SourcesConfig, TrainConfig)
 from .slurm import SlurmConfig
 
 
 @dataclass
-class PreferenceDataConfig(SourcesConfig):
+class PreferenceDataConfig(RenderedSources):
     """Mixing, evaluation split and rendering: what pairs and unpaired rows share."""
     prompt_key: str | None = field("prompt", help="column holding the prompt (a string, or a messages list "
                                                   "with apply_chat_template); null: no separate prompt column "
                                                   "(plain: empty prompt; chat: every message before the last "
                                                   "one is the prompt)")
-    input_template: str | None = field(None, help="format string with one {} for the prompt, e.g. "
-                                                  "'User: {}\\nAssistant: '")
     apply_chat_template: bool = field(False, help="render prompt and responses with the tokenizer's chat "
                                                   "template (responses: a string or a list of messages)")
-    tokenizer_chat_template: str | None = field(None, help="override the tokenizer's chat template "
-                                                           "(a Jinja string)")
     max_len: int = field(2048, ge=2, help="maximum tokens of one sequence (prompt + one response)")
     truncate_responses: bool = field(False, help="cut responses so that prompt + response fits max_len (the "
                                                  "prompt is kept whole) instead of treating longer rows as "
                                                  "bad rows")
     max_samples: int | None = field(None, ge=1, help="cap on training rows (pairs) after mixing")
-    bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, empty, "
-                                                            "wrong type, longer than max_len): skip it and "
-                                                            "report the counts, or stop with an error")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.input_template is not None and self.input_template.count("{}") != 1:
-            raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
-        if self.apply_chat_template and self.input_template is not None:
-            raise ConfigError("data.input_template and data.apply_chat_template exclude each other")
 
 
 @dataclass

@@ -103,18 +103,40 @@ class SourcesConfig:
                               "given eval_dataset or hold out a fraction of the training rows, not both")
 
 
+def check_template(data) -> None:
+    """A data section's ``input_template`` holds one {} and excludes ``apply_chat_template``."""
+    if data.input_template is not None and data.input_template.count("{}") != 1:
+        raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
+    if data.apply_chat_template and data.input_template is not None:
+        raise ConfigError("data.input_template and data.apply_chat_template exclude each other")
+
+
 @dataclass
-class DataConfig(SourcesConfig):
+class RenderedSources(SourcesConfig):
+    """Sources whose rows are rendered into text (SFT and preference data): by a template or the tokenizer's chat
+    template, with a policy for bad rows."""
+    input_template: str | None = field(None, help="format string with one {} for the prompt, e.g. "
+                                                  "'User: {}\\nAssistant: '")
+    apply_chat_template: bool = field(False, help="render rows with the tokenizer's chat template")
+    tokenizer_chat_template: str | None = field(None, help="override the tokenizer's chat template "
+                                                           "(a Jinja string)")
+    bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, empty, "
+                                                            "wrong type, longer than max_len): skip it and "
+                                                            "report the counts, or stop with an error")
+
+    def validate(self) -> None:
+        super().validate()
+        check_template(self)
+
+
+@dataclass
+class DataConfig(RenderedSources):
     input_key: str = field("input", help="column holding the prompt (or the messages list with "
                                          "apply_chat_template)")
     output_key: str | None = field("output", help="column holding the response; null with a messages "
                                                   "list in input_key")
-    input_template: str | None = field(None, help="format string with one {} for the prompt, e.g. "
-                                                  "'User: {}\\nAssistant: '")
     apply_chat_template: bool = field(False, help="render rows with the tokenizer's chat template; loss "
                                                   "on every assistant turn")
-    tokenizer_chat_template: str | None = field(None, help="override the tokenizer's chat template "
-                                                           "(a Jinja string)")
     pretrain_mode: bool = field(False, help="loss on every token (continued pre-training)")
     max_len: int = field(2048, ge=2, help="maximum tokens per sample (prompt + response)")
     max_samples: int | None = field(None, ge=1, help="cap on training rows after mixing")
@@ -122,16 +144,9 @@ class DataConfig(SourcesConfig):
                                               "each sample; no padding")
     micro_batch_tokens: int | None = field(None, ge=1, help="token budget per micro-batch (an alternative to "
                                                             "micro_train_batch_size)")
-    bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, empty, "
-                                                            "wrong type, longer than max_len): skip it and "
-                                                            "report the counts, or stop with an error")
 
     def validate(self) -> None:
         super().validate()
-        if self.input_template is not None and self.input_template.count("{}") != 1:
-            raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
-        if self.apply_chat_template and self.input_template is not None:
-            raise ConfigError("data.input_template and data.apply_chat_template exclude each other")
         if self.pretrain_mode and (self.input_template is not None or self.apply_chat_template):
             raise ConfigError("data.pretrain_mode trains on the raw text of input_key: it excludes "
                               "data.input_template and data.apply_chat_template")
