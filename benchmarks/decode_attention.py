@@ -1,5 +1,5 @@
 """One decode step's attention for one layer, as the lean decoder computes it on the CPU in fp32: PyTorch's operations
-(``lean_decoder.split_attention`` over a shared prompt prefix, ``grouped_attention`` without one) against the
+(``lean/decoder.py:split_attention`` over a shared prompt prefix, ``grouped_attention`` without one) against the
 compiled kernel (``few_rows`` ``attend_one``), at the shapes of the GRPO benchmark's batch.
 
 Rows ``--rows`` (each prompt's ``--samples`` rows share its prefix of ``--prefix`` slots), each with its own

@@ -292,11 +292,11 @@ def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_
     n = args.prompts * args.samples
     rollout = {"engine": engine, "n_samples_per_prompt": args.samples, "rollout_batch_size": args.prompts,
                "generate_max_len": args.max_new_tokens, "temperature": 1.0, "max_batch_size": n,
-               "shared_prefix": not args.no_shared_prefix}
+               "lean": {"shared_prefix": not args.no_shared_prefix}}
     if engine == "vllm":  # a KV cache that holds every row at full length, so no row waits or is preempted
         kv = generating(model_shape(model), args.dtype, n, prompt_max_len + args.max_new_tokens)["kv cache"]
-        rollout |= {"vllm_max_model_len": prompt_max_len + args.max_new_tokens,
-                    "vllm_cpu_kv_cache_gib": max(1, math.ceil(kv / 2 ** 30))}
+        rollout |= {"vllm": {"max_model_len": prompt_max_len + args.max_new_tokens,
+                             "cpu_kv_cache_gib": max(1, math.ceil(kv / 2 ** 30))}}
     cfg = {"model": {"pretrain": model, "param_dtype": args.dtype},
            "data": {"prompt_data": [str(data)], "input_key": "prompt", "label_key": "answer",
                     "apply_chat_template": True, "prompt_max_len": prompt_max_len, "shuffle_prompts": False},
@@ -693,7 +693,7 @@ def parse_args(argv=None):
     ap.add_argument("--trl-omp-default", action="store_true",
                     help="TRL's process with libgomp's default OMP_WAIT_POLICY instead of the one hpc_rlhf's ranks get "
                          "(see the docstring)")
-    ap.add_argument("--async-engine", choices=("hf", "vllm"), default="hf",
+    ap.add_argument("--async-engine", choices=("auto", "vllm"), default="auto",
                     help="the rollout engine of hpc_rlhf_async (the faster on-policy engine of a previous run)")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"),
                     help="the python of the vLLM env (default: this checkout's .venv-vllm)")
@@ -813,7 +813,7 @@ def measure(args, sides: list[str], model: str, data: Path, lengths: list[int], 
         for s in sides:
             if s == "trl":
                 continue
-            engine = "vllm" if s == "hpc_rlhf_vllm" else (args.async_engine if s == "hpc_rlhf_async" else "hf")
+            engine = "vllm" if s == "hpc_rlhf_vllm" else (args.async_engine if s == "hpc_rlhf_async" else "auto")
             configs[s] = ours_config(args, root, s, model, data, max(lengths), engine, s in ASYNC_SIDES)
             if args.device == "cpu":  # the plan counts GPU memory on a GPU; the RSS polled is the host's
                 plans[s] = planned_memory(configs[s])

@@ -4,7 +4,7 @@
 step multiplies a batch of 64 rows by each weight) and may run slower.  This script times each of them:
 
 - decode: each weight of the lean decoder (query/key/value and gate/up packed) and the output head, at
-  ``--decode-rows`` rows (the rows still decoding), multiplied as the decoder does (``lean_decoder.Packed`` and
+  ``--decode-rows`` rows (the rows still decoding), multiplied as the decoder does (``lean/decoder.py:Packed`` and
   ``_matmul``: at most ``few_rows.MAX_ROWS`` rows by the few-row kernel and more by oneDNN's linear on
   reordered weights on the CPU in fp32, else ``W @ x^T``), and as plain
   ``W @ x^T`` beside it (``decode_w_xt``);

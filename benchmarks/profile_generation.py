@@ -44,7 +44,7 @@ GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_po
 
 
 # profiler ranges whose operators all count in one group: the lean decoder's attention is several operators
-# (matrix products and a softmax, `lean_decoder.split_attention`) that by name would fall in other groups, and the
+# (matrix products and a softmax, `lean/decoder.py:split_attention`) that by name would fall in other groups, and the
 # few-row kernels (`few_rows`) are calls the profiler does not see as operators
 ATTENTION_RANGE = "lean_decoder.attention"
 PRODUCTS_RANGE = "few_rows.products"
@@ -68,14 +68,14 @@ def label_attention() -> None:
     profiler range, and the kernel's products inside ``PRODUCTS_RANGE``."""
     import torch
 
-    from hpc_rlhf.generation.lean import few_rows, lean_decoder
+    from hpc_rlhf.generation.lean import decoder, few_rows
     def in_range(inner, name: str):
         def ranged(*args, **kwargs):
             with torch.profiler.record_function(name):
                 return inner(*args, **kwargs)
         return ranged
     for name in ("grouped_attention", "split_attention"):
-        setattr(lean_decoder, name, in_range(getattr(lean_decoder, name), ATTENTION_RANGE))
+        setattr(decoder, name, in_range(getattr(decoder, name), ATTENTION_RANGE))
     kernel = few_rows.kernel()  # the decoder's module (built once per process)
     if kernel is not None:
         kernel.attend_one = in_range(kernel.attend_one, ATTENTION_RANGE)

@@ -12,10 +12,12 @@ import torch
 
 from _thread_ranks import thread_ranks
 
-from hpc_rlhf.algorithms import (LOSS_AGGREGATIONS, POLICY_LOSSES, AdaptiveKLController,
-                                 FixedKLController, StepNorm, aggregate, compute_kl,
-                                 entropy_from_logits, kl_penalty_rewards, make_kl_controller,
-                                 policy_loss, value_loss)
+from hpc_rlhf.algorithms.aggregation import StepNorm, aggregate
+from hpc_rlhf.algorithms.kl import (AdaptiveKLController, FixedKLController, compute_kl, kl_penalty_rewards,
+                                    make_kl_controller)
+from hpc_rlhf.algorithms.policy_loss import entropy_from_logits, policy_loss
+from hpc_rlhf.algorithms.registry import LOSS_AGGREGATIONS, POLICY_LOSSES
+from hpc_rlhf.algorithms.value_loss import value_loss
 
 L = math.log
 

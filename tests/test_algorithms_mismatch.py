@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from hpc_rlhf.algorithms import IS_CORRECTIONS, is_weights, mismatch_metrics
+from hpc_rlhf.algorithms.mismatch import is_weights, mismatch_metrics
+from hpc_rlhf.algorithms.registry import IS_CORRECTIONS
 from hpc_rlhf.config import ConfigError, load_config
 from hpc_rlhf.config.base import allowed_values
 from hpc_rlhf.config.rl import AlgoConfig, RLConfig
@@ -113,13 +114,16 @@ def test_registry_bounds_and_config_choices():
 def test_config_options_and_checks():
     base = ["pretrain=m", "prompt_data=p.jsonl", "reward_func=r.py"]
     cfg = load_config(RLConfig, None, base)
-    assert (cfg.algo.is_correction, cfg.algo.is_low, cfg.algo.is_high) == ("none", 0.5, 2.0)
+    assert (cfg.algo.is_correction, cfg.algo.is_bounds.is_low, cfg.algo.is_bounds.is_high) == ("none", 0.5, 2.0)
     cfg = load_config(RLConfig, None, base + ["algo.is_correction=icepop", "is_low=0", "is_high=5"])
-    assert (cfg.algo.is_correction, cfg.algo.is_low, cfg.algo.is_high) == ("icepop", 0.0, 5.0)
+    assert (cfg.algo.is_correction, cfg.algo.is_bounds.is_low, cfg.algo.is_bounds.is_high) == ("icepop", 0.0, 5.0)
     with pytest.raises(ConfigError, match="algo.is_correction: 'ice' is not allowed"):
         load_config(RLConfig, None, base + ["is_correction=ice"])
-    with pytest.raises(ConfigError, match="algo.is_low: -0.1 is out of range; it must be >= 0"):
+    with pytest.raises(ConfigError, match="algo.is_bounds.is_low: -0.1 is out of range; it must be >= 0"):
         load_config(RLConfig, None, base + ["is_low=-0.1"])
     for bad in (["is_low=2", "is_high=2"], ["is_high=0.4"]):
-        with pytest.raises(ConfigError, match="algo.is_low and algo.is_high need 0 <= is_low < is_high"):
-            load_config(RLConfig, None, base + bad)
+        with pytest.raises(ConfigError, match="algo.is_bounds.is_low and is_high need 0 <= is_low < is_high"):
+            load_config(RLConfig, None, base + ["is_correction=tis"] + bad)
+    with pytest.raises(ConfigError, match=r"^algo.is_bounds.is_high is set but algo.is_correction is 'none': it "
+                                          r"applies to is_correction icepop, seq_mask_tis, tis$"):
+        load_config(RLConfig, None, base + ["is_high=3"])

@@ -10,9 +10,10 @@ import math
 import pytest
 import torch
 
-from hpc_rlhf.algorithms import (distill_loss, dpo_loss, kto_loss, kto_reference_point, orpo_loss,
-                                 pairwise_reward_loss, process_reward_loss, sequence_logprobs,
-                                 simpo_loss)
+from hpc_rlhf.algorithms.distill import distill_loss
+from hpc_rlhf.algorithms.preference import (dpo_loss, kto_loss, kto_reference_point, orpo_loss, sequence_logprobs,
+                                            simpo_loss)
+from hpc_rlhf.algorithms.reward_model_loss import pairwise_reward_loss, process_reward_loss
 
 L = math.log
 NAN = float("nan")

@@ -39,7 +39,7 @@ GROUP = torch.tensor([0, 0, 0])
 
 
 def _algo(**options) -> RLAlgorithm:
-    return RLAlgorithm(AlgoConfig(**options), single_update=True)
+    return RLAlgorithm(load_config(AlgoConfig, None, [f"{k}={v}" for k, v in options.items()]), single_update=True)
 
 
 def _advantages(algo: RLAlgorithm, values=None, valid=None, turn=TURN, mask=MASK, scalar=SCALAR):

@@ -93,7 +93,7 @@ RL_BASE = ["pretrain=m", "prompt_data=p.jsonl", "reward_func=r.py"]
     ("save_steps=0", "ckpt.save_steps: 0 is out of range; it must be -1 or >= 1"),
     ("adam_betas=0.9,1", "train.adam_betas[1]: 1 is out of range; it must be in [0, 1)"),
     ("seed=4294967296", "train.seed: 4294967296 is out of range; it must be in [0, 4294967295]"),
-    ("algo.gamma=1.0000001", "algo.gamma: 1.0000001 is out of range; it must be in [0, 1]"),
+    ("algo.gamma=1.0000001", "algo.advantage.gamma: 1.0000001 is out of range; it must be in [0, 1]"),
     ("rollout.temperature=nan", "rollout.temperature: 'nan' is not a finite number"),
 ])
 def test_range_error_names_key_value_and_range(override, message):
@@ -104,7 +104,7 @@ def test_range_error_names_key_value_and_range(override, message):
 
 def test_values_on_the_bounds_and_the_unbounded_options_are_accepted():
     cfg = load_config(RLConfig, None, RL_BASE + ["temperature=0", "top_p=1", "save_steps=-1", "eval_steps=1",
-                                                 "gamma=0", "seed=0", "reward_weights=-1,2",
+                                                 "advantage_estimator=rloo", "gamma=0", "seed=0", "reward_weights=-1,2",
                                                  "truncated_reward=-5", "reward_clip_range=-10,10"])
     assert (cfg.rollout.temperature, cfg.rollout.top_p, cfg.ckpt.save_steps, cfg.reward.reward_weights) == \
         (0.0, 1.0, -1, [-1.0, 2.0])

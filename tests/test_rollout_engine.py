@@ -416,3 +416,20 @@ def test_engine_choice(requested, model_type, cuda, vllm_found, want, why):
     assert spec.name == want
     assert reason == (f"rollout.engine=auto: {why}" if why else f"rollout.engine={requested}")
 
+
+@pytest.mark.parametrize("arch,engine,made", [
+    ("llama", "auto", "LeanEngine"), ("llama", "lean", "LeanEngine"), ("llama", "hf", "HFEngine"),
+    ("gpt2", "auto", "HFEngine"), ("gpt2", "hf", "HFEngine"), ("gpt2", "lean", None)])
+def test_make_engine_builds_the_engine_the_config_names(model_dirs, arch, engine, made):
+    """`engine` of a config (here `hpc-rlhf generate`'s model section): auto is the lean engine for a model it runs,
+    else the plain one; lean refuses a model it does not run with one line."""
+    from hpc_rlhf.config import load_config
+    from hpc_rlhf.config.pipelines import GenerateConfig
+    from hpc_rlhf.generation.factory import make_engine
+    opts = load_config(GenerateConfig, None, [f"pretrain={model_dirs[(arch, 0)]}", "prompt_data=p.jsonl",
+                                              "output_path=o.jsonl", f"engine={engine}"]).model
+    if made is None:
+        with pytest.raises(ValueError, match=r"^the lean engine does not run GPT2LMHeadModel \(gpt2\)"):
+            make_engine(opts, opts.pretrain, "fp32", "cpu", 4)
+    else:
+        assert type(make_engine(opts, opts.pretrain, "fp32", "cpu", 4)).__name__ == made

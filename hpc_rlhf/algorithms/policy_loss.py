@@ -2,8 +2,10 @@
 
 Every loss registered in ``POLICY_LOSSES`` has the signature
 
-    fn(log_probs, old_log_probs, advantages, mask, *, eps_clip=0.2, eps_clip_high=None,
-       dual_clip=None) -> (loss [B, R], metrics)
+    fn(log_probs, old_log_probs, advantages, mask, *, <options>) -> (loss [B, R], metrics)
+
+where the options are keyword arguments named as the ``algo`` options the loss reads (its line in
+``registry.py``; ``RLAlgorithm`` passes those): here ``eps_clip=0.2, eps_clip_high=None, dual_clip=None``.
 
 ``log_probs`` [B, R] are the current policy's log-probabilities of the sampled response tokens
 (with gradient), ``old_log_probs`` those of the policy that generated them, ``advantages`` [B, R],
@@ -154,7 +156,7 @@ def cispo_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tens
 
 def policy_loss(name: str, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
                 mask: Tensor, **kwargs) -> tuple[Tensor, dict[str, Tensor]]:
-    """Call the registered policy loss ``name`` (kwargs: eps_clip, eps_clip_high, dual_clip)."""
+    """Call the registered policy loss ``name`` (kwargs: its options)."""
     return POLICY_LOSSES.get(name)(log_probs, old_log_probs, advantages, mask, **kwargs)
 
 

@@ -19,6 +19,7 @@ from .aggregation import StepNorm, aggregate
 from .kl import compute_kl, kl_penalty_rewards, make_kl_controller
 from .mismatch import is_weights
 from .policy_loss import policy_loss
+from .registry import POLICY_LOSSES
 from .returns import action_positions, compact, expand, has_gaps
 from .value_loss import value_loss
 from .whiten import AllReduce
@@ -35,11 +36,11 @@ class RLAlgorithm:
         self.cfg = algo
         self.estimator = estimator_from_config(algo)
         self.needs_critic: bool = self.estimator.needs_critic
-        self.needs_reference: bool = algo.init_kl_coef > 0
-        self.use_kl_loss: bool = (algo.use_kl_loss if algo.use_kl_loss is not None
-                                  else not self.estimator.kl_in_reward)
+        kl = algo.kl
+        self.needs_reference: bool = kl.init_kl_coef > 0
+        self.use_kl_loss: bool = kl.use_kl_loss if kl.use_kl_loss is not None else not self.estimator.kl_in_reward
         self.agg_mode: str = algo.loss_agg_mode or self.estimator.default_loss_agg
-        self.kl_ctl = make_kl_controller(algo.init_kl_coef, algo.kl_target, algo.kl_horizon)
+        self.kl_ctl = make_kl_controller(kl.init_kl_coef, kl.kl_target, kl.kl_horizon)
         # With one optimizer step on fresh samples the policy that generated them is the one being trained,
         # so the old log-probs equal the training forward's (detached) and need no extra pass, unless the KL
         # penalty goes into the reward (it needs them before the advantages).
@@ -70,12 +71,12 @@ class RLAlgorithm:
         token_rewards = torch.zeros_like(mask) if turn_rewards is None else turn_rewards.to(mask.dtype) * mask
         kl = torch.zeros_like(mask)
         if old is not None and ref is not None:
-            kl = compute_kl(old, ref, self.cfg.kl_estimator, mask)
+            kl = compute_kl(old, ref, self.cfg.kl.kl_estimator, mask)
             if not self.use_kl_loss:
                 token_rewards = token_rewards + kl_penalty_rewards(kl, self.kl_ctl.value, mask)
         adv, ret = self.estimator.compute(rewards, token_rewards, mask, values=values, group_ids=group_ids,
-                                          gamma=self.cfg.gamma, lambd=self.cfg.lambd, all_reduce=all_reduce,
-                                          valid=valid)
+                                          gamma=self.cfg.advantage.gamma, lambd=self.cfg.gae.lambd,
+                                          all_reduce=all_reduce, valid=valid)
         return adv, ret, kl
 
     # ---- losses -------------------------------------------------------------------------------------------
@@ -85,16 +86,17 @@ class RLAlgorithm:
         of the rollout engine's log-probs when a correction is set, plus the KL term when the KL is in the
         loss, minus the entropy bonus (``entropy()`` [B, R] is computed only when its coefficient is set)."""
         a = self.cfg
-        token_loss, metrics = policy_loss(a.policy_loss, logp, old, adv, mask, eps_clip=a.eps_clip,
-                                          eps_clip_high=a.eps_clip_high, dual_clip=a.dual_clip)
+        token_loss, metrics = policy_loss(a.policy_loss, logp, old, adv, mask,
+                                          **POLICY_LOSSES.options(a.policy_loss, a))
         if a.is_correction != "none":
             # the old policy is the trainer's policy at generation time; the engine's log-probs are at
             # temperature 1, so are the trainer's (RLConfig.validate)
-            weights, is_metrics = is_weights(a.is_correction, old, engine, mask, low=a.is_low, high=a.is_high)
+            weights, is_metrics = is_weights(a.is_correction, old, engine, mask, low=a.is_bounds.is_low,
+                                             high=a.is_bounds.is_high)
             token_loss = token_loss * weights
             metrics.update(is_metrics)
         if self.use_kl_loss and self.kl_ctl.value > 0:
-            kl = compute_kl(logp, ref, a.kl_estimator, mask)
+            kl = compute_kl(logp, ref, a.kl.kl_estimator, mask)
             token_loss = token_loss + self.kl_ctl.value * kl
             metrics["kl_loss"] = _token_mean(kl, mask)
         if a.entropy_loss_coef:
@@ -110,7 +112,7 @@ class RLAlgorithm:
         return aggregate(token_loss, mask, self.agg_mode, norm)
 
     def critic_loss(self, v: Tensor, old: Tensor, ret: Tensor, mask: Tensor, norm: StepNorm) -> tuple[Tensor, dict]:
-        token_loss, metrics = value_loss(v, old, ret, mask, self.cfg.value_clip)
+        token_loss, metrics = value_loss(v, old, ret, mask, self.cfg.critic.value_clip)
         return aggregate(token_loss, mask, "token_mean", norm), metrics
 
     # ---- after the step -----------------------------------------------------------------------------------

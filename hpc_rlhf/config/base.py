@@ -1,9 +1,11 @@
 """Typed configs: nested dataclasses filled from a YAML file plus command-line overrides.
 
-A key is either a dotted path (``train.learning_rate``) or a leaf name that is unique in the
-config (``learning_rate``).  Unknown keys, wrong types, values outside a field's choices and numbers
-outside a field's range are errors raised at parse time with a sentence naming the key and what is
-allowed.
+A key is a dotted path (``train.learning_rate``), or the path of a section followed by a name that is
+unique inside that section (``rollout.cuda_graphs`` for ``rollout.lean.cuda_graphs``; with no section, a
+name unique in the whole config: ``learning_rate``).  The name is an option's own or one of its aliases,
+its other names (``vllm_max_model_len`` for ``rollout.vllm.max_model_len``).  Unknown keys, wrong types,
+values outside a field's choices and numbers outside a field's range are errors raised at parse time with
+a sentence naming the key and what is allowed.
 """
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ def _num(x: float) -> str:
 
 def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | None = None, registry: Any = None,
           default_factory: Any = dataclasses.MISSING, ge: float | None = None, gt: float | None = None,
-          le: float | None = None, lt: float | None = None, unbounded: bool = False, path: str | None = None):
+          le: float | None = None, lt: float | None = None, unbounded: bool = False, path: str | None = None,
+          aliases: tuple[str, ...] = ()):
     """A dataclass field that carries its help text (used by the generated reference).
 
     ``choices`` are the values allowed; ``registry`` (a ``Registry`` of units) allows the names registered in
@@ -68,7 +71,8 @@ def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | Non
     numeric field declares a range, or ``unbounded=True`` when any number is meaningful.  ``path`` marks a
     string naming what the run reads, checked before any rank starts: "model" (a model folder or hub name),
     "file" (a local file), "data" (data sources), "reward" (a reward-function file or built-in) or "agent" (an
-    environment file: it is imported and must define an environment).
+    environment file: it is imported and must define an environment).  ``aliases`` are other names of the
+    option, read wherever its own name is (``resolve_key``).
     """
     meta: dict[str, Any] = {"help": help}
     if ge is not None or gt is not None or le is not None or lt is not None:
@@ -81,6 +85,8 @@ def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | Non
         meta["registry"] = registry
     if path is not None:
         meta["path"] = path
+    if aliases:
+        meta["aliases"] = tuple(aliases)
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -228,18 +234,25 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
 
+def names(path: str, f: dataclasses.Field) -> tuple[str, ...]:
+    """The names of the option at ``path``: its own, then its aliases."""
+    return (path.rsplit(".", 1)[-1], *f.metadata.get("aliases", ()))
+
+
 def resolve_key(cls: type, key: str) -> str:
-    """Turn a dotted path or a unique leaf name into the dotted path, or raise ConfigError."""
+    """Turn a key (the module doc says which) into the dotted path of its option, or raise ConfigError."""
     paths = leaf_paths(cls)
     if key in paths:
         return key
-    matches = [p for p in paths if p.rsplit(".", 1)[-1] == key]
+    section, _, name = key.rpartition(".")
+    matches = [p for p, (_, f, _) in paths.items()
+               if (not section or p.startswith(section + ".")) and name in names(p, f)]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
         raise ConfigError(f"option {key!r} is ambiguous; write one of {', '.join(sorted(matches))}")
-    leaves = sorted({p.rsplit('.', 1)[-1] for p in paths} | set(paths))
-    close = difflib.get_close_matches(key, leaves, n=3)
+    known = sorted({n for p, (_, f, _) in paths.items() for n in names(p, f)} | set(paths))
+    close = difflib.get_close_matches(key, known, n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise ConfigError(f"unknown option {key!r} for {cls.__name__}.{hint} "
                       f"`hpc-rlhf options` lists them all (docs/options.md too).")

@@ -47,8 +47,8 @@ class EvalRunConfig:
     eval: EvalSamplingConfig = field(default_factory=EvalSamplingConfig, help="samples per prompt, sampling, "
                                                                               "correctness threshold")
     rollout: RolloutConfig = field(default_factory=RolloutConfig,
-                                   help="the generation engine (engine, max_batch_size, vllm_*; generate_max_len is "
-                                        "the default of eval.eval_max_new_tokens); its sampling options are unused")
+                                   help="the generation engine (engine, its section, max_batch_size; generate_max_len "
+                                        "is the default of eval.eval_max_new_tokens); its sampling options are unused")
     seed: int = field(42, ge=0, le=2**32 - 1, help="sample j of prompt i is drawn with a seed made from (seed, i, "
                                                    "j), as in `train rl` with train.seed")
     placement: EvalPlacementConfig = field(default_factory=EvalPlacementConfig, help="ranks")

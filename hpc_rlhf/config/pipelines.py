@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .base import ConfigError, field
-from .sections import EngineOptions, LaunchConfig
+from .sections import EngineOptions, LaunchConfig, check_template
 
 
 @dataclass
@@ -37,10 +37,7 @@ class GenDataConfig:
     def validate(self) -> None:
         if not self.prompt_data:
             raise ConfigError("data.prompt_data is empty: name at least one prompt source")
-        if self.input_template is not None and self.input_template.count("{}") != 1:
-            raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
-        if self.apply_chat_template and self.input_template is not None:
-            raise ConfigError("data.input_template and data.apply_chat_template exclude each other")
+        check_template(self)
 
 
 @dataclass

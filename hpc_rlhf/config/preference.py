@@ -3,47 +3,35 @@
 Every trainer has the sections of `train sft` (model, train, ckpt, log, launch), a data section for
 preference data (pairs, or labelled single completions for KTO) and an `objective` section with the
 knobs of its loss only, so an option of another objective is an unknown key.  Each objective class
-names the registered trainer unit that implements it (`unit`).
+names the registered trainer unit that implements it (`unit`); `_trainer` makes each trainer's config
+class from its objective, data section and help texts.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from .base import ConfigError, field
-from .sections import (CheckpointConfig, DataConfig, LaunchConfig, LogConfig, ModelConfig, SourcesConfig,
-                       TrainConfig)
+from .sections import (CheckpointConfig, DataConfig, LaunchConfig, LogConfig, ModelConfig, RenderedSources,
+                       SourcesConfig, TrainConfig)
 from .slurm import SlurmConfig
 
 
 @dataclass
-class PreferenceDataConfig(SourcesConfig):
+class PreferenceDataConfig(RenderedSources):
     """Mixing, evaluation split and rendering: what pairs and unpaired rows share."""
     prompt_key: str | None = field("prompt", help="column holding the prompt (a string, or a messages list "
                                                   "with apply_chat_template); null: no separate prompt column "
                                                   "(plain: empty prompt; chat: every message before the last "
                                                   "one is the prompt)")
-    input_template: str | None = field(None, help="format string with one {} for the prompt, e.g. "
-                                                  "'User: {}\\nAssistant: '")
     apply_chat_template: bool = field(False, help="render prompt and responses with the tokenizer's chat "
                                                   "template (responses: a string or a list of messages)")
-    tokenizer_chat_template: str | None = field(None, help="override the tokenizer's chat template "
-                                                           "(a Jinja string)")
     max_len: int = field(2048, ge=2, help="maximum tokens of one sequence (prompt + one response)")
     truncate_responses: bool = field(False, help="cut responses so that prompt + response fits max_len (the "
                                                  "prompt is kept whole) instead of treating longer rows as "
                                                  "bad rows")
     max_samples: int | None = field(None, ge=1, help="cap on training rows (pairs) after mixing")
-    bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, empty, "
-                                                            "wrong type, longer than max_len): skip it and "
-                                                            "report the counts, or stop with an error")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.input_template is not None and self.input_template.count("{}") != 1:
-            raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
-        if self.apply_chat_template and self.input_template is not None:
-            raise ConfigError("data.input_template and data.apply_chat_template exclude each other")
 
 
 @dataclass
@@ -63,9 +51,18 @@ class UnpairedDataConfig(PreferenceDataConfig):
                                          "(undesirable); also 1/0 and 'true'/'false'")
 
 
+class ObjectiveSection:
+    """What an objective section declares besides its options: the registered trainer unit that implements it
+    (``unit``), and whether that unit replaces the model's LM head by a fresh one-output score head
+    (``score_head``: no logits; LoRA and 4-bit not supported yet)."""
+    unit: ClassVar[str]
+    score_head: ClassVar[bool] = False
+
+
 @dataclass
-class RewardObjective:
+class RewardObjective(ObjectiveSection):
     unit: ClassVar[str] = "rm"
+    score_head: ClassVar[bool] = True
     loss_type: Literal["sigmoid", "log_exp"] = field(
         "sigmoid", help="pairwise loss: sigmoid -log σ(r_c - r_r - m) or log_exp log(1 + exp(r_r - r_c + m)) "
                         "(equal in value)")
@@ -74,7 +71,7 @@ class RewardObjective:
 
 
 @dataclass
-class DPOObjective:
+class DPOObjective(ObjectiveSection):
     unit: ClassVar[str] = "dpo"
     beta: float = field(0.1, gt=0, help="strength of the implicit KL to the reference model")
     loss_type: Literal["sigmoid", "ipo"] = field("sigmoid", help="sigmoid: DPO (cDPO with label_smoothing); "
@@ -93,7 +90,7 @@ class DPOObjective:
 
 
 @dataclass
-class KTOObjective:
+class KTOObjective(ObjectiveSection):
     unit: ClassVar[str] = "kto"
     beta: float = field(0.1, gt=0, help="strength of the implicit KL to the reference model")
     desirable_weight: float = field(1.0, ge=0, help="λ_D, weight of desirable rows (the paper advises "
@@ -103,7 +100,7 @@ class KTOObjective:
 
 
 @dataclass
-class SimPOObjective:
+class SimPOObjective(ObjectiveSection):
     unit: ClassVar[str] = "simpo"
     beta: float = field(2.0, gt=0, help="scale of the length-normalised log-prob rewards")
     gamma: float = field(1.0, ge=0, help="target reward margin γ between chosen and rejected")
@@ -111,17 +108,14 @@ class SimPOObjective:
 
 
 @dataclass
-class ORPOObjective:
+class ORPOObjective(ObjectiveSection):
     unit: ClassVar[str] = "orpo"
     orpo_lambda: float = field(0.1, ge=0, help="λ, weight of the odds-ratio term added to the chosen response's NLL")
 
 
-_MODEL_HELP = "the model and its adapters"
-
-
 @dataclass(kw_only=True)
 class TrainerSections:
-    """The sections every preference-family trainer shares (each adds model, data and objective)."""
+    """The sections every preference-family trainer shares (``_trainer`` adds model, data and objective)."""
     train: TrainConfig = field(default_factory=TrainConfig, help="optimisation; train_batch_size and "
                                "micro_train_batch_size count pairs (rm, dpo, simpo, orpo), rows (kto, prm) "
                                "or samples (kd)")
@@ -130,46 +124,10 @@ class TrainerSections:
     launch: LaunchConfig = field(default_factory=LaunchConfig, help="processes and backend")
     slurm: SlurmConfig = field(default_factory=SlurmConfig, help="SLURM job: resources, preemption, requeue")
 
-
-@dataclass(kw_only=True)
-class RMConfig(TrainerSections):
-    model: ModelConfig = field(help="the causal-LM folder the reward model starts from (its LM head is "
-                                    "replaced by a fresh one-output score head)")
-    data: PairDataConfig = field(help="preference pairs")
-    objective: RewardObjective = field(default_factory=RewardObjective, help="reward-model loss")
-
     def validate(self) -> None:
-        if self.model.lora_rank > 0 or self.model.load_in_4bit:
-            raise ConfigError("train rm trains every weight: LoRA / 4-bit (model.lora_rank, model.load_in_4bit) "
-                              "are not supported for reward models yet")
-
-
-@dataclass(kw_only=True)
-class DPOConfig(TrainerSections):
-    model: ModelConfig = field(help=_MODEL_HELP)
-    data: PairDataConfig = field(help="preference pairs")
-    objective: DPOObjective = field(default_factory=DPOObjective, help="DPO / IPO / cDPO loss and the reference")
-
-
-@dataclass(kw_only=True)
-class KTOConfig(TrainerSections):
-    model: ModelConfig = field(help=_MODEL_HELP)
-    data: UnpairedDataConfig = field(help="prompts with one completion labelled desirable or not")
-    objective: KTOObjective = field(default_factory=KTOObjective, help="KTO loss and the reference")
-
-
-@dataclass(kw_only=True)
-class SimPOConfig(TrainerSections):
-    model: ModelConfig = field(help=_MODEL_HELP)
-    data: PairDataConfig = field(help="preference pairs")
-    objective: SimPOObjective = field(default_factory=SimPOObjective, help="SimPO loss (no reference model)")
-
-
-@dataclass(kw_only=True)
-class ORPOConfig(TrainerSections):
-    model: ModelConfig = field(help=_MODEL_HELP)
-    data: PairDataConfig = field(help="preference pairs")
-    objective: ORPOObjective = field(default_factory=ORPOObjective, help="ORPO loss (no reference model)")
+        if self.objective.score_head and (self.model.lora_rank > 0 or self.model.load_in_4bit):
+            raise ConfigError(f"train {self.objective.unit} trains every weight: LoRA / 4-bit (model.lora_rank, "
+                              f"model.load_in_4bit) are not supported for reward models yet")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -203,7 +161,7 @@ class ProcessDataConfig(SourcesConfig):
 
 
 @dataclass
-class ProcessRewardObjective:
+class ProcessRewardObjective(ObjectiveSection):
     unit: ClassVar[str] = "prm"
     positive_token: str = field("+", help="the token the PRM answers for a correct step (one token)")
     negative_token: str = field("-", help="the token the PRM answers for an incorrect step (one token)")
@@ -216,7 +174,7 @@ class ProcessRewardObjective:
 
 
 @dataclass
-class DistillObjective:
+class DistillObjective(ObjectiveSection):
     unit: ClassVar[str] = "kd"
     teacher_pretrain: str | None = field(None, path="model", help="the teacher: HF model folder or hub name (same "
                                                                   "vocabulary as the student); frozen, on the same "
@@ -231,22 +189,37 @@ class DistillObjective:
             raise ConfigError("objective.teacher_pretrain is not set: name the teacher model")
 
 
-@dataclass(kw_only=True)
-class PRMConfig(TrainerSections):
-    model: ModelConfig = field(help="the causal LM trained as the PRM (it answers the reward tokens at each "
-                                    "placeholder)")
-    data: ProcessDataConfig = field(help="texts with step placeholders and step labels")
-    objective: ProcessRewardObjective = field(default_factory=ProcessRewardObjective,
-                                              help="the reward tokens of the PRM loss")
-
-
-@dataclass(kw_only=True)
-class KDConfig(TrainerSections):
-    model: ModelConfig = field(help="the student and its adapters")
-    data: DataConfig = field(help="SFT data (prompt/response or chat); the loss covers the response tokens")
-    objective: DistillObjective = field(default_factory=DistillObjective, help="the teacher and the KD loss")
-
+@dataclass
+class DistillDataConfig(DataConfig):
     def validate(self) -> None:
-        if self.data.packing_samples or self.data.micro_batch_tokens is not None:
+        super().validate()
+        if self.packing_samples or self.micro_batch_tokens is not None:
             raise ConfigError("train kd uses padded micro-batches of micro_train_batch_size samples: "
                               "data.packing_samples and data.micro_batch_tokens are not supported")
+
+
+def _trainer(name: str, objective: type[ObjectiveSection], data: type, data_help: str, objective_help: str,
+             model_help: str = "the model and its adapters") -> type:
+    """The config class of `hpc-rlhf train UNIT`: the shared sections, the model, the data and the objective."""
+    return dataclasses.make_dataclass(
+        name, [("model", ModelConfig, field(help=model_help)), ("data", data, field(help=data_help)),
+               ("objective", objective, field(default_factory=objective, help=objective_help))],
+        bases=(TrainerSections,), kw_only=True,
+        namespace={"__module__": __name__, "__doc__": f"Config of `hpc-rlhf train {objective.unit}`."})
+
+
+PAIRS = "preference pairs"
+RMConfig = _trainer("RMConfig", RewardObjective, PairDataConfig, PAIRS, "reward-model loss",
+                    model_help="the causal-LM folder the reward model starts from (its LM head is replaced by a fresh "
+                               "one-output score head)")
+DPOConfig = _trainer("DPOConfig", DPOObjective, PairDataConfig, PAIRS, "DPO / IPO / cDPO loss and the reference")
+KTOConfig = _trainer("KTOConfig", KTOObjective, UnpairedDataConfig,
+                     "prompts with one completion labelled desirable or not", "KTO loss and the reference")
+SimPOConfig = _trainer("SimPOConfig", SimPOObjective, PairDataConfig, PAIRS, "SimPO loss (no reference model)")
+ORPOConfig = _trainer("ORPOConfig", ORPOObjective, PairDataConfig, PAIRS, "ORPO loss (no reference model)")
+PRMConfig = _trainer("PRMConfig", ProcessRewardObjective, ProcessDataConfig,
+                     "texts with step placeholders and step labels", "the reward tokens of the PRM loss",
+                     model_help="the causal LM trained as the PRM (it answers the reward tokens at each placeholder)")
+KDConfig = _trainer("KDConfig", DistillObjective, DistillDataConfig,
+                    "SFT data (prompt/response or chat); the loss covers the response tokens",
+                    "the teacher and the KD loss", model_help="the student and its adapters")

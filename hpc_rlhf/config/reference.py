@@ -29,7 +29,8 @@ def option_table(cls: type) -> str:
             if bounds:
                 typ += (", each " if typ.startswith("list") else ", ") + str(bounds)
         typ = typ.replace("|", "\\|")
-        helptext = f.metadata.get("help", "").replace("|", "\\|")
+        aliases = f.metadata.get("aliases", ())
+        helptext = (f.metadata.get("help", "") + "".join(f" (alias `{a}`)" for a in aliases)).replace("|", "\\|")
         rows.append(f"| `{path}` | {typ} | {_default(f)} | {helptext} |")
     return "\n".join(rows)
 
@@ -39,9 +40,12 @@ def render(commands: dict[str, type]) -> str:
     parts = ["# Option reference", "",
              "Generated from the config classes by `hpc-rlhf options --write`; do not edit by hand.", "",
              "Set options in a YAML file (nested by section, e.g. `train: {learning_rate: 1e-5}`) and/or on "
-             "the command line as `key=value` or `--key value`.  A key is the dotted path or, when it is "
-             "unique, the bare name: `train.learning_rate=1e-5`, `learning_rate=1e-5` and "
-             "`--learning_rate 1e-5` are the same.  Lists take commas: `dataset=a.jsonl,b.jsonl`.  "
+             "the command line as `key=value` or `--key value`.  A key is the dotted path, or a section's "
+             "path followed by a name unique inside that section, or a name unique in the whole config: "
+             "`train.learning_rate=1e-5`, `learning_rate=1e-5` and `--learning_rate 1e-5` are the same, and "
+             "so are `algo.clip.eps_clip`, `algo.eps_clip` and `eps_clip`.  An option's aliases (in its "
+             "meaning) are read as its name is: `rollout.vllm_max_model_len` and `vllm_max_model_len` set "
+             "`rollout.vllm.max_model_len`.  Lists take commas: `dataset=a.jsonl,b.jsonl`.  "
              "Unknown keys and invalid values are errors, numbers outside the range written after their type too.", ""]
     for command, cls in commands.items():
         parts += [f"## `hpc-rlhf {command}`", "", option_table(cls), ""]

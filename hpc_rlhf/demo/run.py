@@ -40,7 +40,7 @@ class DemoContext:
     out: Path
     nproc: int
     seed: int
-    engine: str  # the RL stages' rollout engine: hf or vllm
+    engine: str  # the RL stages' rollout engine (rollout.engine)
     base_model: Path
     train_file: Path
     heldout_rows: list[dict]
@@ -111,7 +111,7 @@ def rl_stage(name: str, algo: dict, rollout: dict, train: dict, placement: dict 
             "data": {"prompt_data": [str(ctx.train_file)], "input_key": "input", "label_key": "label"},
             "reward": {"reward_func": str(REWARD_FILE)},
             "algo": algo,
-            "rollout": {"generate_max_len": 6, "engine": ctx.engine, "vllm_max_model_len": 32, **rollout},
+            "rollout": {"generate_max_len": 6, "engine": ctx.engine, "vllm": {"max_model_len": 32}, **rollout},
             "train": {"zero_stage": 2, "seed": ctx.seed, "lr_scheduler": "constant_with_warmup",
                       "lr_warmup_ratio": 0.0, **train},
             "placement": {**(placement or {"colocate_all": True}), "actor_num_ranks": ctx.nproc},
@@ -138,7 +138,7 @@ rl_stage("grpo_async", {"advantage_estimator": "group_norm"}, GROUP, {**GROUP_TR
          {"colocate_actor_reward": True})
 rl_stage("reinforce_baseline", {"advantage_estimator": "reinforce_baseline"}, GROUP, GROUP_TRAIN)
 rl_stage("rloo", {"advantage_estimator": "rloo"}, GROUP, GROUP_TRAIN)
-rl_stage("ppo", {"advantage_estimator": "gae", "lambd": 0.95},
+rl_stage("ppo", {"advantage_estimator": "gae", "gae": {"lambd": 0.95}},
          {"n_samples_per_prompt": 2, "rollout_batch_size": 64},
          {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 5e-5,
           "critic_learning_rate": 2e-4, "freezing_actor_steps": 3, "max_steps": 40})
@@ -150,13 +150,13 @@ RETRY_SFT = {"train_batch_size": 32, "max_epochs": 1, "learning_rate": 3e-4, "lr
              "min_lr_ratio": 0.1}
 # Phase 1: GRPO on both tries (each sampled); groups whose rewards are all equal are dropped.  (Holding the first
 # answer greedy so that GRPO compares second tries alone pulls the first try down: docs/agents.md, "Demo".)
-GRPO_PHASE = {"algo": {"advantage_estimator": "group_norm", "loss_agg_mode": "token_mean", "init_kl_coef": 0.05,
-                       "kl_estimator": "k3"},
+GRPO_PHASE = {"algo": {"advantage_estimator": "group_norm", "loss_agg_mode": "token_mean",
+                       "kl": {"init_kl_coef": 0.05, "kl_estimator": "k3"}},
               "rollout": {"n_samples_per_prompt": 8, "rollout_batch_size": 16, "dynamic_filtering": True},
               "train": {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 2e-4,
                         "max_steps": 80}}
 # Phase 2: PPO with a critic; each answer's reward on its last token, GAE without discount
-PPO_PHASE = {"algo": {"advantage_estimator": "gae", "gamma": 1.0, "lambd": 1.0},
+PPO_PHASE = {"algo": {"advantage_estimator": "gae", "advantage": {"gamma": 1.0}, "gae": {"lambd": 1.0}},
              "rollout": {"n_samples_per_prompt": 8, "rollout_batch_size": 16},
              "train": {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 1e-4,
                        "critic_learning_rate": 3e-4, "freezing_actor_steps": 5, "max_steps": 60}}
@@ -181,7 +181,7 @@ def multiturn_run(ctx: DemoContext, name: str, pretrain: Path, phase: dict, eval
         "agent": {"agent_func_path": str(ENV_FILE), "max_turns": 2, "max_context_len": 64,
                   "feedback_template": "raw"},
         "algo": phase["algo"],
-        "rollout": {"generate_max_len": 6, "engine": ctx.engine, "vllm_max_model_len": 64, **phase["rollout"]},
+        "rollout": {"generate_max_len": 6, "engine": ctx.engine, "vllm": {"max_model_len": 64}, **phase["rollout"]},
         "train": {"zero_stage": 2, "seed": ctx.seed, "lr_scheduler": "constant_with_warmup",
                   "lr_warmup_ratio": 0.0, **phase["train"]},
         "eval": {"eval_at_start": eval_at_start, "eval_temperature": 0.0},
@@ -356,7 +356,7 @@ def kto_stage(ctx: DemoContext) -> dict:
 kto_stage.needs = ("sft",)
 
 
-def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = "hf") -> dict:
+def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = "auto") -> dict:
     unknown = [s for s in stages if s not in STAGES]
     for name in list(stages):  # a stage that starts from another's model pulls that stage in first
         for need in getattr(STAGES.get(name), "needs", ()):

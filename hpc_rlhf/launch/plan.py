@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..distributed.weight_sync import BUCKET_BYTES
-from ..generation.factory import choose, requested_engine, vllm_installed
+from ..generation.factory import choose, vllm_installed
 from ..generation.specs import SHARED
 from ..models.shape import model_shape
 from . import memory
@@ -30,7 +30,7 @@ def rollout_engine(cfg, plan):
     rollout component's devices, with vLLM as installed where the plan is made."""
     comps = components(cfg, plan)
     gpus = next(c for c in comps if "rollout" in c.placement.roles).resources.gpus_per_task
-    return choose(requested_engine(cfg.rollout), model_shape(cfg.model.pretrain).model_type, bool(gpus),
+    return choose(cfg.rollout.engine, model_shape(cfg.model.pretrain).model_type, bool(gpus),
                   vllm_installed())
 
 
@@ -41,7 +41,7 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
     lora = m.lora_rank > 0
     if plan is None:  # one role group: the trained model, and a frozen reference or teacher on its ranks
         objective = getattr(cfg, "objective", None)
-        logits = 0 if type(cfg).__name__ == "RMConfig" else cfg.data.max_len  # a reward model has a value head
+        logits = 0 if getattr(objective, "score_head", False) else cfg.data.max_len  # a score head has no logits
         out = {"actor": memory.trained(actor, m.param_dtype, t.zero_stage, cfg.launch.nproc, lora, t.adam_offload,
                                        t.micro_train_batch_size, cfg.data.max_len, m.gradient_checkpointing, logits)}
         for attr, role in (("ref_pretrain", "reference"), ("teacher_pretrain", "teacher")):
@@ -72,7 +72,7 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
         on_cpu = not next(c for c in comps if "rollout" in c.placement.roles).resources.gpus_per_task
         spec = rollout_engine(cfg, plan)[0]
         out["rollout"] = spec.memory(actor, m.param_dtype, min(per_rank, r.max_batch_size), seq,
-                                     cpu_kv_cache_gib=r.vllm_cpu_kv_cache_gib, on_cpu=on_cpu)
+                                     cpu_kv_cache_gib=r.vllm.cpu_kv_cache_gib, on_cpu=on_cpu)
         # a weights bridge between CPU components: engines that take shared weights have them in shared memory that
         # the actor leader maps and writes; the others load from two shared-memory slots that both sides map
         actor_comp = next((c for c in comps if "actor" in c.placement.roles), None)
@@ -111,6 +111,12 @@ def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[s
         lines.append("  note: slurm.hetjob=never, so every task gets the first group's resources below")
     width = max(len(c.name) for c in comps)
     lines += [_component_line(c, width) for c in comps]
+    if plan is not None and plan.has("rollout"):
+        try:
+            spec, why = rollout_engine(cfg, plan)
+            lines += ["", f"rollout engine: {spec.name} ({why})"]
+        except (OSError, ValueError) as exc:
+            lines += ["", f"rollout engine: unknown: {exc}"]
     lines += ["", "memory per rank (estimate; see hpc_rlhf/launch/memory.py for what is counted):"]
     try:
         per_role = role_memory(cfg, plan)

@@ -15,7 +15,7 @@ from .experience import Experience
 def make_engine(cfg: RLConfig, device):
     r = cfg.rollout
     return build(r, cfg.model.pretrain, cfg.model.param_dtype, device, r.max_batch_size, seed=cfg.train.seed,
-                 sleep=r.vllm_sleep, track_checksums=cfg.log.check_weight_sync)
+                 sleep=r.vllm.sleep, track_checksums=cfg.log.check_weight_sync)
 
 
 def stop_token_ids(pretrain: str, tokenizer) -> list[int]:

@@ -2,7 +2,7 @@
 alone (the launcher and `hpc-rlhf plan` read them before any rank starts)."""
 from __future__ import annotations
 
-from ..algorithms.advantages import estimator_from_config
+from ..algorithms.registry import ADVANTAGE_ESTIMATORS
 from ..config import ConfigError
 from ..config.evaluation import EvalRunConfig
 from ..config.rl import RLConfig
@@ -11,10 +11,11 @@ from ..distributed.placement import PlacementPlan, make_plan
 
 def plan_from_config(cfg: RLConfig) -> PlacementPlan:
     p, B = cfg.placement, cfg.rollout.rollout_batch_size
-    needs_critic = estimator_from_config(cfg.algo).needs_critic
+    # an estimator that reads the critic section needs a critic (tests/test_config.py: exactly those do)
+    needs_critic = "critic" in ADVANTAGE_ESTIMATORS.declared[cfg.algo.advantage_estimator]
     sizes = {"actor": p.actor_num_ranks, "rollout": p.rollout_num_ranks, "reward": p.reward_num_ranks,
              "critic": p.critic_num_ranks if needs_critic else 0,
-             "reference": p.ref_num_ranks if cfg.algo.init_kl_coef > 0 else 0}
+             "reference": p.ref_num_ranks if cfg.algo.kl.init_kl_coef > 0 else 0}
     plan = make_plan(sizes, p.colocate_actor_ref, p.colocate_critic_reward, p.colocate_all,
                      p.colocate_actor_reward)
     for c in plan.components:

@@ -178,8 +178,8 @@ def grpo_colocated_vllm(ctx: Context, timeout_s: float) -> dict:
     between vLLM and the transformers engine (`hpc-rlhf generate`, temperature 0)."""
     clock, name = Clock(timeout_s), "grpo_colocated_vllm"
     config = grpo_config(ctx, name, {"colocate_all": True}, dtype="fp32",
-                         rollout={"engine": "vllm", "vllm_max_model_len": 64, "vllm_gpu_memory_utilization": 0.3,
-                                  "vllm_sleep": True})
+                         rollout={"engine": "vllm", "vllm": {"max_model_len": 64, "gpu_memory_utilization": 0.3,
+                                                             "sleep": True}})
     figures = run_grpo(ctx, name, config, clock.left())
     log = (ctx.work / "logs" / f"{name}.log").read_text(errors="replace")
     figures["vllm_fell_asleep"], figures["vllm_woke_up"] = log.count("to fall asleep"), log.count("to wake up")
@@ -196,8 +196,8 @@ def generate(ctx: Context, model: Path, engine: str, clock: Clock) -> dict[int, 
     out = ctx.work / f"greedy_{engine}.jsonl"
     path = ctx.work / f"greedy_{engine}.yaml"
     path.write_text(yaml.safe_dump({
-        "model": {"pretrain": str(model), "param_dtype": "fp32", "engine": engine, "vllm_max_model_len": 64,
-                  "vllm_gpu_memory_utilization": 0.3},
+        "model": {"pretrain": str(model), "param_dtype": "fp32", "engine": engine,
+                  "vllm": {"max_model_len": 64, "gpu_memory_utilization": 0.3}},
         "data": {"prompt_data": [str(ctx.assets["prompts"])], "input_key": "input", "max_samples": 16},
         "sampling": {"temperature": 0.0, "max_new_tokens": 8},
         "output": {"output_path": str(out)}}))
@@ -206,7 +206,7 @@ def generate(ctx: Context, model: Path, engine: str, clock: Clock) -> dict[int, 
 
 
 def greedy_parity(ctx: Context, model: Path, clock: Clock) -> dict:
-    hf, vllm = generate(ctx, model, "hf", clock), generate(ctx, model, "vllm", clock)
+    hf, vllm = generate(ctx, model, "auto", clock), generate(ctx, model, "vllm", clock)
     equal = sum(hf[i] == vllm.get(i) for i in hf)
     figures = {"greedy_prompts": len(hf), "greedy_equal": equal}
     expect(len(hf) == 16 and equal == len(hf), "vLLM's greedy responses differ from the transformers engine's",
