@@ -349,9 +349,12 @@ def test_rollout_engine_switch(tmp_path):
     from hpc_rlhf.config import load_config
     from hpc_rlhf.config.pipelines import GenerateConfig
     from hpc_rlhf.config.rl import RLConfig
-    from hpc_rlhf.generation.factory import make_engine
+    from hpc_rlhf.generation.factory import make_engine as factory_engine
     from hpc_rlhf.models.tiny import build_tiny_model
-    from hpc_rlhf.roles.rollout import make_engine as rollout_engine
+    from hpc_rlhf.roles.rollout import make_engine
+
+    def rollout_engine(cfg, device):
+        return make_engine(cfg.rollout, cfg.model, cfg.train.seed, False, device)
     path = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64, seed=2)
     rl = [f"pretrain={path}", "prompt_data=p.jsonl", "reward_func=r.py", "param_dtype=fp32"]
     assert isinstance(rollout_engine(load_config(RLConfig, None, rl), "cpu")._lean, LeanDecoder)
@@ -366,4 +369,4 @@ def test_rollout_engine_switch(tmp_path):
     assert not lean.shared_prefix and not lean.shares_prefix(torch.float32, torch.device("cpu"))
     gen = load_config(GenerateConfig, None, [f"pretrain={path}", "prompt_data=p.jsonl", "output_path=o.jsonl",
                                              "engine=hf"]).model
-    assert type(make_engine(gen, gen.pretrain, "fp32", "cpu", 4)) is HFEngine
+    assert type(factory_engine(gen, gen.pretrain, "fp32", "cpu", 4)) is HFEngine

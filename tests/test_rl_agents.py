@@ -169,7 +169,7 @@ def _rollout(base: dict, env: Path | None, temperature: float = 1.0):
     over += [f"agent.agent_func_path={env}"] if env else [f"reward.reward_func={base['reward']['reward_func']}"]
     cfg = load_config(RLConfig, None, over)
     tok = load_tokenizer(base["model"]["pretrain"])
-    return cfg, tok, Rollout(cfg, tok, "cpu")
+    return cfg, tok, Rollout(cfg.rollout, cfg.model, cfg.agent, cfg.train.seed, False, tok, "cpu")
 
 
 def _trainer_logprobs(cfg, samples, pad_id: int, mask_feedback: bool = True) -> tuple[torch.Tensor, object]:

@@ -6,7 +6,8 @@ import torch
 from ..algorithms.mismatch import mismatch_metrics
 from ..algorithms.policy_loss import entropy_from_logits
 from ..algorithms.rl_algorithm import RLAlgorithm
-from ..config.rl import RLConfig
+from ..config.rl import RLTrainConfig
+from ..config.sections import ModelConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.loading import load_causal_lm
 from .experience import Experience, RLBatch, padded, response_logits, response_logprobs
@@ -16,13 +17,16 @@ from .shared_prompts import SharedPrompts, logprobs_per_sample, sharing, train_s
 class Actor:
     _mismatch_max = 0.0  # largest |trainer − engine| log-prob difference of the current train() call
 
-    def __init__(self, cfg: RLConfig, algo: RLAlgorithm, total_optimizer_steps: int, world_size: int, pad_id: int,
-                 device):
-        self.cfg, self.algo, self.pad_id, self.device, self.world_size = cfg, algo, pad_id, device, world_size
-        self.engine = build_engine(load_causal_lm(cfg.model), cfg.train, cfg.train.actor_learning_rate,
-                                   cfg.model.param_dtype, total_optimizer_steps, world_size)
-        self.temperature = cfg.rollout.temperature or 1.0
-        self.share_prompts = sharing(self.engine, cfg.train.share_prompts, "actor", cfg.train.zero_stage)
+    def __init__(self, model: ModelConfig, train: RLTrainConfig, temperature: float, max_action_tokens: int,
+                 algo: RLAlgorithm, total_optimizer_steps: int, world_size: int, pad_id: int, device):
+        """``temperature``: the rollout's (log-probs at the temperature the samples were drawn at);
+        ``max_action_tokens``: sampled tokens of one sample at most (``RLConfig.max_action_tokens``)."""
+        self.train_cfg, self.algo, self.pad_id, self.device, self.world_size = train, algo, pad_id, device, world_size
+        self.max_action_tokens = max_action_tokens
+        self.engine = build_engine(load_causal_lm(model), train, train.actor_learning_rate, model.param_dtype,
+                                   total_optimizer_steps, world_size)
+        self.temperature = temperature or 1.0
+        self.share_prompts = sharing(self.engine, train.share_prompts, "actor", train.zero_stage)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -32,7 +36,7 @@ class Actor:
         return response_logits(self.engine, batch)
 
     def logprobs(self, samples: list[Experience]) -> list[list[float]]:
-        t = self.cfg.train
+        t = self.train_cfg
         return logprobs_per_sample(self.engine, samples, t.micro_train_batch_size, self.pad_id, self.device,
                                    self.temperature, self.share_prompts, t.share_prompts_min_positions)
 
@@ -62,9 +66,9 @@ class Actor:
 
     def train(self, samples: list[Experience], step: int) -> dict[str, float]:
         self._mismatch_max = 0.0
-        metrics, positions = train_steps(self.engine, self.engine, samples, self.cfg.train, self.world_size,
-                                         self.cfg.train.seed + step, self.pad_id, self.device, self.share_prompts,
-                                         self._micro_loss, float(self.cfg.max_action_tokens()))
+        metrics, positions = train_steps(self.engine, self.engine, samples, self.train_cfg, self.world_size,
+                                         self.train_cfg.seed + step, self.pad_id, self.device, self.share_prompts,
+                                         self._micro_loss, float(self.max_action_tokens))
         out = {f"actor/{k}": v for k, v in metrics.items()}
         out["actor/positions_trained"] = positions
         out["actor/mismatch/max_abs_diff"] = self._mismatch_max  # a max over the call, not a mean of maxima

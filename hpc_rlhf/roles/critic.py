@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from ..algorithms.rl_algorithm import RLAlgorithm
-from ..config.rl import RLConfig
+from ..config.rl import RLTrainConfig
+from ..config.sections import ModelConfig
 from ..engines.deepspeed_strategy import build_engine
 from ..models.paths import resolve_pretrained
 from .experience import Experience, RLBatch, padded, response_logits
@@ -63,18 +64,18 @@ def token_values(model: ValueHeadModel, batch: RLBatch) -> torch.Tensor:
 
 
 class Critic:
-    def __init__(self, cfg: RLConfig, algo: RLAlgorithm, total_optimizer_steps: int, world_size: int, pad_id: int,
-                 device):
-        self.cfg, self.algo, self.pad_id, self.device, self.world_size = cfg, algo, pad_id, device, world_size
-        path = cfg.critic_pretrain or cfg.reward.reward_pretrain or cfg.model.pretrain
-        model = load_value_model(path, cfg.model.param_dtype, cfg.model.gradient_checkpointing)
-        self.engine = build_engine(model, cfg.train, cfg.train.critic_learning_rate,
-                                   cfg.model.param_dtype, total_optimizer_steps, world_size)
+    def __init__(self, model: ModelConfig, train: RLTrainConfig, algo: RLAlgorithm, total_optimizer_steps: int,
+                 world_size: int, pad_id: int, device):
+        """``model``: the critic's initialisation (its ``pretrain``), dtype and checkpointing."""
+        self.train_cfg, self.algo, self.pad_id, self.device, self.world_size = train, algo, pad_id, device, world_size
+        value_model = load_value_model(model.pretrain, model.param_dtype, model.gradient_checkpointing)
+        self.engine = build_engine(value_model, train, train.critic_learning_rate, model.param_dtype,
+                                   total_optimizer_steps, world_size)
         self.value_model = ValueHeadModel(self.engine.module)
-        self.share_prompts = sharing(self.value_model, cfg.train.share_prompts, "critic", cfg.train.zero_stage)
+        self.share_prompts = sharing(self.value_model, train.share_prompts, "critic", train.zero_stage)
 
     def values(self, samples: list[Experience]) -> list[list[float]]:
-        t = self.cfg.train
+        t = self.train_cfg
         return outputs_per_sample(self.value_model, samples, t.micro_train_batch_size, self.pad_id, self.device,
                                   self.share_prompts, t.share_prompts_min_positions, spread_values)
 
@@ -87,7 +88,7 @@ class Critic:
         return (loss + shared.closing() if shared else loss), metrics
 
     def train(self, samples: list[Experience], step: int) -> dict[str, float]:
-        metrics, positions = train_steps(self.engine, self.value_model, samples, self.cfg.train, self.world_size,
-                                         self.cfg.train.seed + step + 7, self.pad_id, self.device, self.share_prompts,
+        metrics, positions = train_steps(self.engine, self.value_model, samples, self.train_cfg, self.world_size,
+                                         self.train_cfg.seed + step + 7, self.pad_id, self.device, self.share_prompts,
                                          self._micro_loss, None)
         return {f"critic/{k}": v for k, v in metrics.items()} | {"critic/positions_trained": positions}

@@ -1,25 +1,22 @@
 """The reference policy: frozen, log-probs of the generated responses for the KL term."""
 from __future__ import annotations
 
-import dataclasses
-
-
-from ..config.rl import RLConfig
+from ..config.rl import RLTrainConfig
+from ..config.sections import ModelConfig
 from ..models.loading import load_causal_lm
 from .experience import Experience
 from .shared_prompts import logprobs_per_sample, sharing
 
 
 class Reference:
-    def __init__(self, cfg: RLConfig, pad_id: int, device):
-        model_cfg = dataclasses.replace(cfg.model, pretrain=cfg.ref_pretrain or cfg.model.pretrain,
-                                        gradient_checkpointing=False)
-        self.model = load_causal_lm(model_cfg, trainable=False).to(device)
-        self.cfg, self.pad_id, self.device = cfg, pad_id, device
-        self.temperature = cfg.rollout.temperature or 1.0
-        self.share_prompts = sharing(self.model, cfg.train.share_prompts, "reference")
+    def __init__(self, model: ModelConfig, train: RLTrainConfig, temperature: float, pad_id: int, device):
+        """``model``: the reference's (its ``pretrain``, the actor's dtype); ``temperature``: the rollout's."""
+        self.model = load_causal_lm(model, trainable=False).to(device)
+        self.train_cfg, self.pad_id, self.device = train, pad_id, device
+        self.temperature = temperature or 1.0
+        self.share_prompts = sharing(self.model, train.share_prompts, "reference")
 
     def logprobs(self, samples: list[Experience]) -> list[list[float]]:
-        t = self.cfg.train
+        t = self.train_cfg
         return logprobs_per_sample(self.model, samples, t.micro_train_batch_size, self.pad_id, self.device,
                                    self.temperature, self.share_prompts, t.share_prompts_min_positions)

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from ..config.rl import RLConfig
+from ..config.rl import AgentConfig, RewardConfig
 from ..rewards.client import RemoteReward
 from ..rewards.function import RewardFunction
 from ..rewards.model import RewardModelScorer
@@ -41,13 +41,14 @@ def _from_environment(samples: list[Experience]) -> RewardBatch:
 
 
 class RewardRole:
-    def __init__(self, cfg: RLConfig, device):
-        r = cfg.reward
-        self.cfg = cfg
+    def __init__(self, reward: RewardConfig, agent: AgentConfig, param_dtype: str, generate_max_len: int, device):
+        """``param_dtype``: a reward model's; ``generate_max_len``: the rollout's (the overlong penalty's end)."""
+        r = self.reward_cfg = reward
+        self.generate_max_len = generate_max_len
         self.sources: list[tuple[str, Callable[[list[Experience]], RewardBatch]]] = []
         if r.reward_pretrain:
             self.sources.append(("model", _on_tokens(RewardModelScorer(
-                r.reward_pretrain, dtype=cfg.model.param_dtype, device=str(device), batch_size=r.reward_batch_size))))
+                r.reward_pretrain, dtype=param_dtype, device=str(device), batch_size=r.reward_batch_size))))
         if r.reward_func:
             self.sources.append(("func", _on_text(RewardFunction(r.reward_func, batch_size=r.reward_batch_size,
                                                                  timeout_s=r.reward_timeout_s))))
@@ -56,7 +57,7 @@ class RewardRole:
             self.sources.append(("remote", _on_text(RemoteReward(r.remote_rm_url, token=token,
                                                                  timeout_s=r.reward_timeout_s,
                                                                  batch_size=r.reward_batch_size))))
-        if cfg.agent.agent_func_path:
+        if agent.agent_func_path:
             self.sources.append(("environment", _from_environment))
         self.weights = r.reward_weights or [1.0] * len(self.sources)
         if len(self.weights) != len(self.sources):
@@ -72,10 +73,10 @@ class RewardRole:
             return [], [], {}, []
         batch = combine([score(samples) for _, score in self.sources], self.weights)
         rewards = batch.rewards.clone()
-        r = self.cfg.reward
+        r = self.reward_cfg
         if r.overlong_buffer_len:
             lengths = torch.tensor([s.action_length for s in samples])
-            rewards = rewards + overlong_penalty(lengths, self.cfg.rollout.generate_max_len, r.overlong_buffer_len,
+            rewards = rewards + overlong_penalty(lengths, self.generate_max_len, r.overlong_buffer_len,
                                                  r.overlong_penalty_factor)
         if r.truncated_reward is not None:
             cut = torch.tensor([s.finish_reason == "length" for s in samples])
@@ -85,9 +86,9 @@ class RewardRole:
         predictions = batch.predictions if batch.predictions is not None else [None] * len(samples)
         return rewards.tolist(), batch.valid.tolist(), dict(batch.extra), list(predictions)
 
-def environment_weight(cfg: RLConfig) -> float:
+def environment_weight(reward: RewardConfig, agent: AgentConfig) -> float:
     """The weight of the environment's reward in the combined reward (0 without an environment): the last of
     reward.reward_weights when given (the sources' order is model, function, remote, environment), else 1."""
-    if not cfg.agent.agent_func_path:
+    if not agent.agent_func_path:
         return 0.0
-    return float(cfg.reward.reward_weights[-1]) if cfg.reward.reward_weights else 1.0
+    return float(reward.reward_weights[-1]) if reward.reward_weights else 1.0

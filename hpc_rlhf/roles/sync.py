@@ -14,16 +14,18 @@ import torch
 from ..distributed.weight_sync import BUCKET_BYTES
 from ..distributed.weight_sync.channel import Channel, actor_buckets, receive_weights, send_weights
 from ..distributed.weight_sync.plan import full_items, largest_bucket_bytes, lora_items
+from ..config.sections import ModelConfig
 from ..distributed.worlds import RoleContext
 from ..generation.engine import combine_checksums, tensor_part_checksum
 
 
 class WeightSync:
-    def __init__(self, cfg, ctx: RoleContext, actor, rollout):
+    def __init__(self, model: ModelConfig, check: bool, ctx: RoleContext, actor, rollout):
+        """``model``: the actor's (LoRA, dtype); ``check``: log.check_weight_sync."""
         self.ctx, self.actor, self.rollout = ctx, actor, rollout
-        self.lora = cfg.model.lora_rank > 0
-        self.check = cfg.log.check_weight_sync
-        self.dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
+        self.lora = model.lora_rank > 0
+        self.check = check
+        self.dtype = torch.bfloat16 if model.param_dtype == "bf16" else torch.float32
         self.base_sent = False
         self.sent_parts: dict[str, float] = {}  # checksum of every tensor sent so far (check_weight_sync)
         self.channel = Channel()  # the shared weights or slots of the weights bridge, once mapped (CPU, one host)

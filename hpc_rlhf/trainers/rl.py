@@ -94,7 +94,7 @@ class RLRun:
                      * (r.rollout_batch_size * r.n_samples_per_prompt // t.train_batch_size))
         self.roles = build_roles(cfg, ctx, self.algo, opt_steps, self.tokenizer, device_for(read_env()))
         self.collector = Collector(cfg, ctx, self.roles.rollout, self.roles.reward, self.schedule, eval_prompts)
-        self.sync = WeightSync(cfg, ctx, self.roles.actor, self.roles.rollout)
+        self.sync = WeightSync(cfg.model, cfg.log.check_weight_sync, ctx, self.roles.actor, self.roles.rollout)
         self.best: dict | None = None  # {"metric", "value", "step"} of the model in save_path/best
 
     def _shard(self, role: str, samples: list[Experience]) -> list[Experience]:
@@ -147,7 +147,7 @@ class RLRun:
         reward_of = {s.uid: float(r) for s, r in zip(samples, rewards)}
         # multi-turn: each turn's environment reward on its last action token (the scalar keeps the rest of the
         # total); with normalize_reward the normalised total stays whole on the last token
-        turn_weight = 0.0 if self.cfg.reward.normalize_reward else environment_weight(self.cfg)
+        turn_weight = 0.0 if self.cfg.reward.normalize_reward else environment_weight(self.cfg.reward, self.cfg.agent)
 
         def compute(shard: list[Experience]) -> list:
             R = max(len(s.response_ids) for s in shard)
