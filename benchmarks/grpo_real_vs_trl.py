@@ -83,7 +83,7 @@ ASSETS = Path(os.environ.get("HPC_RLHF_ASSETS", "~/.cache/hpc_rlhf/real")).expan
 MEMORY_TOLERANCE = 0.2  # the issue's target: peak memory per role within 20% of the plan
 
 
-# -- pure helpers (tests/test_bench_real_math.py) ----------------------------------------------------------
+# -- pure helpers (tests/unit/benchmarks/test_bench_real_math.py) ----------------------------------------------------
 
 def timed_steps(values: list, warmup: int, drop_last: bool) -> list:
     """The steps that count: after ``warmup``, without the last one when ``drop_last`` (async runs)."""

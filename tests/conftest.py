@@ -1,12 +1,36 @@
-"""Shared fixtures: a tiny byte-level tokenizer with a ChatML template and a tiny model, built locally (no hub)."""
+"""Shared fixtures: a tiny byte-level tokenizer with a ChatML template and a tiny model, built locally (no hub);
+the helpers of tests/support/ on sys.path; the markers that the e2e folders imply.
+
+The layout (docs/architecture.md#tests): unit/<subpackage>/ single-process tests, ranks/ tests that start ranks
+over gloo, e2e/ the demo, SLURM, vLLM and real-model tests, support/ the helpers and fixtures they share."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+TESTS = Path(__file__).resolve().parent
+# the tests import the helpers by module name (`from rl_fixtures import ...`); slurm_cluster is a plugin
+sys.path.insert(0, str(TESTS / "support"))
+
 pytest_plugins = ["slurm_cluster"]
+
+# every test under one of these folders gets its marker (so `-m` selects by folder); a file there declares none
+FOLDER_MARKERS = {"e2e/slurm": "slurm", "e2e/vllm": "vllm", "e2e/real": "real"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items):
+    for item in items:
+        try:
+            folder = item.path.resolve().parent.relative_to(TESTS).as_posix()
+        except ValueError:  # not under tests/
+            continue
+        for top, marker in FOLDER_MARKERS.items():
+            if folder == top or folder.startswith(top + "/"):
+                item.add_marker(marker)
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

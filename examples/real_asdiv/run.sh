@@ -18,7 +18,7 @@
 #              the learning curves (hpc-rlhf report), samples before and after
 # Usage: bash examples/real_asdiv/run.sh [OUT] [--stages a,b,...]   (default OUT runs/real_asdiv, every stage;
 #        STAGES=... works too).  SFT_ARGS, CURRICULUM_ARGS, RL_ARGS and HELDOUT_ARGS add key=value overrides to
-#        the SFT, the curriculum's eval, every RL and every held-out eval command (tests/test_real_recipe.py runs
+#        the SFT, the curriculum's eval, every RL and every held-out eval command (tests/e2e/real/test_real_recipe.py runs
 #        a shortened recipe that way).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

@@ -7,7 +7,7 @@ This module imports no torch: the config checks the names it is given against th
 the ``algo`` options a unit reads, at parse time without loading the tensor code.  Each RL registry declares
 its units here, each with the ``algo`` options it reads: a section of the ``algo`` config (``"clip"``: all its
 options) or one option of a section (``"clip.eps_clip"``).  The module that implements a unit registers it
-under its declared name (``@POLICY_LOSSES.register("ppo")``); tests/test_config.py checks that the declared
+under its declared name (``@POLICY_LOSSES.register("ppo")``); tests/unit/config/test_config.py checks that the declared
 and the registered units are the same.  Adding an RL unit is its registered implementation, its line here and,
 for knobs of its own, an options section in ``config/algo.py``.
 """

@@ -3,7 +3,7 @@
 A group's collectives take tensors on the group's device: NCCL reduces and broadcasts CUDA tensors only
 (torch registers it for "cuda"), gloo takes CPU tensors.  The functions here move a tensor to the group's
 device and copy the result back into it, so callers build their tensors wherever they like.  A test
-(tests/test_architecture.py) walks the package's syntax trees and fails if any other module calls a
+(tests/unit/package/test_architecture.py) walks the package's syntax trees and fails if any other module calls a
 ``torch.distributed`` collective.
 
 Two kinds of group:

@@ -9,7 +9,7 @@ their overrides and seeds, and `hpc-rlhf report SWEEP_DIR` compares them.
 
 SLURM has no heterogeneous job arrays (sbatch refuses ``--array`` on a script with ``#SBATCH hetjob``
 components: "Batch job submission failed: Invalid job array specification", Slurm 22.05 on the test
-cluster, tests/test_slurm_sweep.py), so each array element is one homogeneous allocation of
+cluster, tests/e2e/slurm/test_slurm_sweep.py), so each array element is one homogeneous allocation of
 all the plan's ranks, each task with the largest CPU and GPU count any role group asks for; the placement
 plan still gives every rank its roles (rank r of the srun step is rank r of the plan), exactly as a
 ``slurm.hetjob=never`` job.  Role groups on different partitions or node features cannot share one

@@ -11,7 +11,7 @@ from ..distributed.placement import PlacementPlan, make_plan
 
 def plan_from_config(cfg: RLConfig) -> PlacementPlan:
     p, B = cfg.placement, cfg.rollout.rollout_batch_size
-    # an estimator that reads the critic section needs a critic (tests/test_config.py: exactly those do)
+    # an estimator that reads the critic section needs a critic (tests/unit/config/test_config.py: exactly those do)
     needs_critic = "critic" in ADVANTAGE_ESTIMATORS.declared[cfg.algo.advantage_estimator]
     sizes = {"actor": p.actor_num_ranks, "rollout": p.rollout_num_ranks, "reward": p.reward_num_ranks,
              "critic": p.critic_num_ranks if needs_critic else 0,
