@@ -277,7 +277,7 @@ def prompt_lengths(model: str, data: Path) -> list[int]:
 def model_info(model: str, dtype: str = "fp32") -> dict:
     """Parameters, those that take part in matrix products (all but an untied input embedding), bytes in
     ``dtype``."""
-    from hpc_rlhf.launch.memory import model_shape
+    from hpc_rlhf.models.shape import model_shape
     shape = model_shape(model)
     params, tied = shape.params, shape.tied
     return {"params": params, "matmul_params": params if tied else params - shape.vocab * shape.hidden,
@@ -288,13 +288,14 @@ def ours_config(args, root: Path, name: str, model: str, data: Path, prompt_max_
                 asynchronous: bool) -> Path:
     import yaml
 
-    from hpc_rlhf.launch.memory import generating, model_shape
+    from hpc_rlhf.generation.specs import TRANSFORMERS
+    from hpc_rlhf.models.shape import model_shape
     n = args.prompts * args.samples
     rollout = {"engine": engine, "n_samples_per_prompt": args.samples, "rollout_batch_size": args.prompts,
                "generate_max_len": args.max_new_tokens, "temperature": 1.0, "max_batch_size": n,
                "lean": {"shared_prefix": not args.no_shared_prefix}}
     if engine == "vllm":  # a KV cache that holds every row at full length, so no row waits or is preempted
-        kv = generating(model_shape(model), args.dtype, n, prompt_max_len + args.max_new_tokens)["kv cache"]
+        kv = TRANSFORMERS.memory(model_shape(model), args.dtype, n, prompt_max_len + args.max_new_tokens)["kv cache"]
         rollout |= {"vllm": {"max_model_len": prompt_max_len + args.max_new_tokens,
                              "cpu_kv_cache_gib": max(1, math.ceil(kv / 2 ** 30))}}
     cfg = {"model": {"pretrain": model, "param_dtype": args.dtype},

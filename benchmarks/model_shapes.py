@@ -35,7 +35,7 @@ from machine_limits import _best_time  # noqa: E402
 
 def layer_weights(shape) -> dict:
     """{name: (in, out)} of one decoder layer's linear weights, plus the head, from a Llama-style
-    ``hpc_rlhf.launch.memory.ModelShape``."""
+    ``hpc_rlhf.models.shape.ModelShape``."""
     h, i, kv = shape.hidden, shape.intermediate, shape.kv_heads * shape.head_dim
     return {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, i), "up": (h, i), "down": (i, h),
             "head": (h, shape.vocab)}
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from hpc_rlhf.launch.memory import model_shape
+    from hpc_rlhf.models.shape import model_shape
     torch.set_num_threads(args.threads)
     shape = model_shape(str(Path(args.model).expanduser()))
     layers = shape.layers

@@ -12,12 +12,14 @@ from ..distributed.env import read_env
 from . import Subcommand
 
 
-def load_runtime() -> None:
-    """torch, loaded with the OpenMP wait policy chosen for this rank (distributed/openmp.py), and DeepSpeed's
-    environment set before anything imports it (it prints to stdout when it guesses the accelerator)."""
+def load_runtime(rank: bool = False) -> None:
+    """torch, and DeepSpeed's environment set before anything imports it (it prints to stdout when it guesses the
+    accelerator).  A training ``rank`` loads torch with the OpenMP wait policy chosen for it (distributed/openmp.py);
+    other commands keep libgomp's default."""
     from ..distributed.openmp import load_torch
+    if rank:
+        load_torch()  # first: the module below imports torch
     from ..engines.deepspeed_strategy import configure_deepspeed_env
-    load_torch()
     configure_deepspeed_env()
 
 
@@ -37,7 +39,7 @@ def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
         if not read_env().is_main:
             raise SystemExit(2) from None  # the main rank prints the same message
         raise
-    load_runtime()
+    load_runtime(rank=name.startswith(commands.TRAIN))
     from ..launch.local import already_launched, launch_local
     nproc, describe = cfg.launch.nproc, None
     if plan is not None:

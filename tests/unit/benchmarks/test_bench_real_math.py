@@ -229,7 +229,7 @@ def test_a_cut_off_run_is_rebuilt_from_its_kept_rounds(tmp_path, monkeypatch):
 def test_model_shapes_weights_and_step_rate():
     import model_shapes as ms
 
-    from hpc_rlhf.launch.memory import ModelShape
+    from hpc_rlhf.models.shape import ModelShape
     cfg = ModelShape(params=0, hidden=8, layers=3, kv_heads=2, head_dim=2, vocab=50, intermediate=20)
     # head dim 2, so key and value are 2 heads x 2 = 4 wide; packed: qkv 8 + 2 x 4 = 16, gate_up 2 x 20
     assert ms.layer_weights(cfg) == {"q": (8, 8), "k": (8, 4), "v": (8, 4), "o": (8, 8), "gate": (8, 20),

@@ -66,12 +66,21 @@ def libgomp_default() -> str:
     return _libgomp_policy("import torch", OMP_NUM_THREADS="1")[0]
 
 
-# `hpc-rlhf train ...` as far as the CLI module's import: the policy is chosen then
-CHILD_ENV = ("import os, sys; sys.argv = ['hpc-rlhf', 'train']; import hpc_rlhf.cli; "
-             "print(os.environ.get('OMP_WAIT_POLICY'))")
+@pytest.fixture(scope="module")
+def train_rank(tmp_path_factory) -> str:
+    """`hpc-rlhf train sft` on one rank up to its run, which prints the OMP_WAIT_POLICY a process it started would
+    see: the config checks have passed and torch is loaded then (the policy is chosen as it loads)."""
+    root = tmp_path_factory.mktemp("omp")
+    (root / "m").mkdir()
+    (root / "d.jsonl").write_text('{"input": "1", "output": "2"}\n')
+    args = ["train", "sft", f"pretrain={root / 'm'}", f"dataset={root / 'd.jsonl'}", f"ckpt_path={root / 'ckpt'}"]
+    return ("import os; from hpc_rlhf import cli, commands; "
+            "commands.run = lambda name, cfg: print(os.environ.get('OMP_WAIT_POLICY')); "
+            f"cli.main({args!r})")
 
 
-def test_the_cli_loads_openmp_with_the_rule_and_children_do_not_inherit_it(libgomp_default):
+def test_the_cli_loads_openmp_with_the_rule_and_children_do_not_inherit_it(libgomp_default, train_rank):
+    CHILD_ENV = train_rank
     expected = ACTIVE if wait_policy(2, 1, usable_cpus()) else libgomp_default
     policy, child_sees = _libgomp_policy(CHILD_ENV, OMP_NUM_THREADS="2")
     assert policy == expected
@@ -82,8 +91,8 @@ def test_the_cli_loads_openmp_with_the_rule_and_children_do_not_inherit_it(libgo
     assert policy == (ACTIVE if wait_policy(2, 2, usable_cpus()) else libgomp_default)
 
 
-def test_other_commands_keep_libgomps_default(libgomp_default):
-    code = "import sys; sys.argv = ['hpc-rlhf', 'serve-reward']; import hpc_rlhf.cli"
+def test_other_commands_keep_libgomps_default(libgomp_default, tmp_path):
+    code = f"from hpc_rlhf import cli; cli.main(['tiny-model', {str(tmp_path / 'm')!r}, '--hidden-size', '8'])"
     assert _libgomp_policy(code, OMP_NUM_THREADS="2")[0] == libgomp_default
 
 
@@ -93,7 +102,8 @@ def test_user_chose():
     assert user_chose({"GOMP_SPINCOUNT": "300000"})
 
 
-def test_a_users_wait_policy_stands(libgomp_default):
+def test_a_users_wait_policy_stands(libgomp_default, train_rank):
+    CHILD_ENV = train_rank
     policy, child_sees = _libgomp_policy(CHILD_ENV, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="PASSIVE")
     assert (policy, child_sees) == ("PASSIVE", "PASSIVE")
     # libgomp's own default kept by its spin count: the policy libgomp reports unset is the one it reports here

@@ -135,7 +135,7 @@ def _sample(i, response, label):
 
 def _role(extra=()):
     cfg = load_config(RLConfig, None, ["pretrain=m", "prompt_data=p.jsonl", "reward_func=builtin:math", *extra])
-    return RewardRole(cfg, "cpu")
+    return RewardRole(cfg.reward, cfg.agent, cfg.model.param_dtype, cfg.rollout.generate_max_len, "cpu")
 
 
 def test_reward_role_returns_predictions():
