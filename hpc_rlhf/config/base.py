@@ -234,6 +234,10 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
 
+# options that are gone, with what replaced them (the last name of the key)
+REMOVED = {"lean_decoder": "rollout.engine (or model.engine) replaced it: `hf` for false, `auto` or `lean` for true"}
+
+
 def names(path: str, f: dataclasses.Field) -> tuple[str, ...]:
     """The names of the option at ``path``: its own, then its aliases."""
     return (path.rsplit(".", 1)[-1], *f.metadata.get("aliases", ()))
@@ -254,6 +258,8 @@ def resolve_key(cls: type, key: str) -> str:
     known = sorted({n for p, (_, f, _) in paths.items() for n in names(p, f)} | set(paths))
     close = difflib.get_close_matches(key, known, n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
+    if name in REMOVED:
+        hint = f" {REMOVED[name]}."
     raise ConfigError(f"unknown option {key!r} for {cls.__name__}.{hint} "
                       f"`hpc-rlhf options` lists them all (docs/options.md too).")
 

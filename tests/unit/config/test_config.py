@@ -210,6 +210,15 @@ algo:
 """
 
 
+@pytest.mark.parametrize("key", ["lean_decoder=false", "rollout.lean_decoder=true"])
+def test_a_removed_option_names_what_replaced_it(key):
+    from hpc_rlhf.config.rl import RLConfig
+    want = (r"^unknown option '(rollout\.)?lean_decoder' for RLConfig\. rollout\.engine \(or model\.engine\) replaced "
+            r"it: `hf` for false, `auto` or `lean` for true\.")
+    with pytest.raises(ConfigError, match=want):
+        load_config(RLConfig, None, ["pretrain=/x", "prompt_data=p.jsonl", "reward_func=r.py", key])
+
+
 def test_the_old_layout_and_the_leaf_names_read_as_the_new_layout(tmp_path):
     from hpc_rlhf.config import to_dict
     from hpc_rlhf.config.rl import RLConfig
