@@ -417,7 +417,7 @@ def test_matplotlib_is_a_declared_dependency():
 @pytest.mark.slow  # a real train rl run (50-130 s on a busy machine)
 def test_report_of_a_real_tiny_rl_run(tmp_path):
     """`train rl` for 3 steps with an eval every 2 (pass@k), then `hpc-rlhf report` on its folder."""
-    from tests.rl_fixtures import make_assets, merged, run_rl
+    from rl_fixtures import make_assets, merged, run_rl
     base = make_assets(tmp_path)
     eval_data = tmp_path / "eval.jsonl"
     eval_data.write_text("".join(json.dumps({"input": f"{i}+1=", "label": str(i + 1)}) + "\n" for i in range(4)))
