@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _dist import run_ranks
+from _dist import grads_at_step, run_ranks
 from preference_fixtures import check_learned, cli_config, make_assets, run_cli
 
 CONFIGS = {"dpo": "DPOConfig", "rm": "RMConfig", "kto": "KTOConfig"}
@@ -45,15 +45,7 @@ def _one_step(jobs: dict[str, tuple[str, str, str, list[str]]]) -> dict:
         train, evals, _ = unit.load_data()
         unit.prepare([train, evals])
         engine = build_engine(unit.build_model(), cfg.train, cfg.train.learning_rate, "fp32", 1, de.world_size)
-        opt = engine.optimizer
-        while not isinstance(opt, torch.optim.Optimizer):
-            opt = opt.optimizer
-        grads = {}
-
-        def capture(*_):
-            for n, p in engine.module.named_parameters():
-                grads[n] = p.grad.detach().clone()
-        opt.register_step_pre_hook(capture)
+        grads = grads_at_step(engine)
         metrics = train_step(engine, unit, StepView(train[:8], de.rank, de.world_size))
         # one eval item: on 2 ranks, rank 1 holds none and runs a filler micro-batch
         metrics.update(evaluate(engine, unit, evals[:1], de))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _dist import run_ranks
+from _dist import grads_at_step, run_ranks
 from preference_fixtures import WORDS, losses, run_cli
 
 PH = "#"  # one byte: one token of the tiny byte-level tokenizer
@@ -207,15 +207,7 @@ def _kd_step(jobs: dict[str, list[str]]) -> dict:
         train, evals, _ = unit.load_data()
         unit.prepare([train, evals])
         engine = build_engine(unit.build_model(), cfg.train, cfg.train.learning_rate, "fp32", 1, de.world_size)
-        opt = engine.optimizer
-        while not isinstance(opt, torch.optim.Optimizer):
-            opt = opt.optimizer
-        grads = {}
-
-        def capture(*_):
-            for n, p in engine.module.named_parameters():
-                grads[n] = p.grad.detach().clone()
-        opt.register_step_pre_hook(capture)
+        grads = grads_at_step(engine)
         metrics = train_step(engine, unit, StepView(train[:8], de.rank, de.world_size))
         metrics.update(evaluate(engine, unit, evals[:3], de))  # 3 eval items: ranks hold 2 and 1
         out[name] = (grads, metrics)

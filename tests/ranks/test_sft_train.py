@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from _dist import run_ranks
+from _dist import grads_at_step, run_ranks
 
 ROWS = [  # different lengths, so a per-micro-batch mean would differ from the step's token mean
     {"input": "1+1=", "output": "2"},
@@ -43,15 +43,7 @@ def _grads(model_dir: str, overrides: list[str]):
     samples = build_sft_samples(ROWS, "mem", tokenizer, cfg.data, BadRows("error"))
     step = [samples[i] for i in EpochSampler(len(samples), 4, 1, 0, 0).step_indices(0, 0)]
     engine = build_engine(unit.build_model(), cfg.train, cfg.train.learning_rate, "fp32", 1, de.world_size)
-    opt = engine.optimizer
-    while not isinstance(opt, torch.optim.Optimizer):
-        opt = opt.optimizer
-    grads = {}
-
-    def capture(*_):
-        for name, p in engine.module.named_parameters():
-            grads[name] = p.grad.detach().clone()
-    opt.register_step_pre_hook(capture)
+    grads = grads_at_step(engine)
     stats = train_step(engine, unit, StepView(step, de.rank, de.world_size))
     return grads, stats["loss"], stats["micro_batches"]
 

@@ -33,3 +33,20 @@ def run_ranks(fn, world: int, *args) -> list:
         mp.start_processes(_entry, args=(world, _free_port(), out, fn, args), nprocs=world, join=True,
                            start_method="spawn")
         return [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(world)]
+
+
+def grads_at_step(engine) -> dict:
+    """The gradients ``engine``'s optimizer steps with, by parameter name: filled in just before each step (after
+    the ranks' reduction)."""
+    import torch
+
+    opt = engine.optimizer
+    while not isinstance(opt, torch.optim.Optimizer):
+        opt = opt.optimizer
+    grads = {}
+
+    def capture(*_):
+        for name, p in engine.module.named_parameters():
+            grads[name] = p.grad.detach().clone()
+    opt.register_step_pre_hook(capture)
+    return grads
