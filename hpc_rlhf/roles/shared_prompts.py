@@ -159,8 +159,11 @@ class SharedPrompts:
             ids[b, :len(s.response_ids)] = torch.tensor(s.response_ids)
             att[b, :len(s.response_ids)] = 1
         att = att.to(self.device)
-        cache = DynamicCache(ddp_cache_data=[(src[i][u], src[i + 1][u]) for i in range(0, len(src) - 1, 2)])
-        first = src[-1][u].unsqueeze(1)
+        # index_select, not src[u]: its backward adds a prompt's rows in order (index_add_), where indexing's
+        # (index_put_ with accumulate) adds them in a thread-dependent order, and the gradient varied run to run
+        rows = [t.index_select(0, u) for t in src]
+        cache = DynamicCache(ddp_cache_data=[(rows[i], rows[i + 1]) for i in range(0, len(rows) - 1, 2)])
+        first = rows[-1].unsqueeze(1)
         picked = torch.nn.functional.pad(batch.picked, (0, R - batch.mask.shape[1]))
 
         def pick(_module, args):  # token 0 from the prompt's last position, token j from response position j-1

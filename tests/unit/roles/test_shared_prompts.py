@@ -97,6 +97,34 @@ def test_the_gradient_over_micro_batches_is_the_padded_batches(tiny, closing):
         assert max(float((a - b).abs().max()) for a, b in zip(got, want)) > 1e-3
 
 
+def test_the_gradient_is_the_same_bits_run_after_run(tmp_path):
+    """128 samples of 16 prompts on 2 threads: the prompt pass's gradient adds each prompt's 8 rows in one order,
+    so repeating the step gives the same bits (with ``cache[u]`` the rows were added in a thread-dependent order,
+    and an RL run's metrics drifted apart from the first step on).  A layer's gathered keys are 128 x 2 heads x 8
+    positions x 32: past torch's 32768-element grain, so 2 threads share the adding."""
+    tiny = AutoModelForCausalLM.from_pretrained(
+        build_tiny_model(tmp_path, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
+                         max_position_embeddings=64), dtype=torch.float32)
+    g = random.Random(1)
+    prompts = [[g.randrange(3, 250) for _ in range(8)] for _ in range(16)]
+    xs = [Experience(i % 16, i // 16, list(prompts[i % 16]), [g.randrange(3, 250) for _ in range(12)], [0.0] * 12,
+                     "stop", "", "", None) for i in range(128)]
+    [step] = optimizer_steps(xs, 128, 128, 1, 0, 0, "cpu", 0, responses_only=True)
+
+    def shared_steps():
+        shared = SharedPrompts(tiny, xs, len(step), 0, "cpu")
+        for part, batch in step:
+            yield part, batch, shared.logits(part, batch), shared.closing
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _, first = _grads(tiny, shared_steps)
+        repeats = [_grads(tiny, shared_steps)[1] for _ in range(5)]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for grads in repeats for a, b in zip(first, grads))
+
+
 def test_micro_batches_cut_by_response_length_where_prompts_run_apart():
     """Responses 12, 9, 7, 4, 3, 2, 1, 0 (prompts of 2-6 tokens, which no longer pad anything), at most 4 rows
     and 4 positions' overhead a micro-batch: (12 | 9, 7 | 4, 3 | 2, 1, 0) costs 12 + 18 + 8 + 6 + 4 x 4 = 60,
