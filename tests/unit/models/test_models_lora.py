@@ -68,6 +68,25 @@ def test_load_tokenizer(llama, tmp_path):
     assert tok.pad_token == "<|endoftext|>" and tok.padding_side == "right"
 
 
+def test_a_model_folder_without_tokenizer_files_is_refused(llama, tmp_path):
+    # from a gemma config.json alone transformers builds a 5-token tokenizer that reads every word as <unk>
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
+    with pytest.raises(FileNotFoundError) as err:
+        load_tokenizer(str(bare))
+    assert str(err.value) == (f"model folder {bare} has no tokenizer: it needs tokenizer.json, or the vocabulary of "
+                              "a slow tokenizer (tokenizer.model, spiece.model, sentencepiece.bpe.model, spm.model, "
+                              "vocab.json, vocab.txt, tekken.json); copy the tokenizer files of the model it was "
+                              "trained from into it")
+    # a slow tokenizer's vocabulary is enough: GPT-2's BPE files, converted by transformers
+    bpe = json.loads(AutoTokenizer.from_pretrained(llama).backend_tokenizer.to_str())["model"]
+    (bare / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (bare / "vocab.json").write_text(json.dumps(bpe["vocab"]))
+    (bare / "merges.txt").write_text("#version: 0.2\n")
+    assert load_tokenizer(str(bare))("hello").input_ids == [104, 101, 108, 108, 111]
+
+
 # --- load_causal_lm ----------------------------------------------------------------------------------
 
 def test_load_dtype_attn_and_checkpointing(llama):
