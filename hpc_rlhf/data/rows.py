@@ -52,6 +52,13 @@ class BadRows:
         return f"BadRows(policy={self.policy!r}, counts={self.counts()})"
 
 
+def missing_key(row: dict, key: str, option: str) -> str:
+    """What a row without a value in column ``key`` (which ``option`` names) is told: the option and the keys it has
+    (a null counts as no value: Arrow gives every row every column)."""
+    have = ", ".join(str(k) for k, v in row.items() if v is not None) or "none"
+    return f"missing key {key!r} ({option}); the row has keys: {have}"
+
+
 def checked_template(template: str | None) -> str | None:
     """``data.input_template`` once it is known to format with one prompt (else a DataError naming it)."""
     if template is not None:

@@ -103,6 +103,36 @@ def test_margin_column(chatml_tokenizer, tmp_path):
         build_pairs(rows, "mem", chatml_tokenizer, cfg, BadRows("error"), margin_key="m")
 
 
+def test_a_missing_key_names_its_option_and_the_keys_the_row_has(chatml_tokenizer, tmp_path):
+    from hpc_rlhf.config.preference import PRMConfig
+    from hpc_rlhf.data.process import load_process_data
+
+    def error(path, load, cls, *overrides, **kw) -> str:
+        cfg = load_config(cls, None, ["pretrain=unused", f"dataset={path}", "bad_rows=error", *overrides]).data
+        with pytest.raises(DataError) as e:
+            load(cfg, chatml_tokenizer, seed=0, **kw)
+        return str(e.value).split(" (set data.bad_rows=skip")[0]
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"question": "1+1=", "good": "2", "bad": "3"}) + "\n")
+    assert error(path, load_pairs, DPOConfig, "chosen_key=good", "rejected_key=bad") == \
+        f"{path} row 1: missing key 'prompt' (data.prompt_key); the row has keys: question, good, bad"
+    assert error(path, load_pairs, DPOConfig, "prompt_key=question", "chosen_key=good") == \
+        f"{path} row 1: missing key 'rejected' (data.rejected_key); the row has keys: question, good, bad"
+    assert error(path, load_pairs, DPOConfig, "prompt_key=question", "chosen_key=good", "rejected_key=bad",
+                 margin_key="m") == f"{path} row 1: missing key 'm' (objective.margin_key); the row has keys: " \
+                                    "question, good, bad"
+    assert error(path, load_pairs, DPOConfig, "apply_chat_template=true", "prompt_key=question",
+                 "rejected_key=bad") == f"{path} row 1: missing key 'chosen' (data.chosen_key); the row has " \
+                                        "keys: question, good, bad"
+    assert error(path, load_labelled, KTOConfig, "prompt_key=question", "completion_key=good") == \
+        f"{path} row 1: missing key 'label' (data.label_key); the row has keys: question, good, bad"
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text(json.dumps({"input": "a <|im_end|>", "steps": ["+"]}) + "\n")
+    assert error(steps, load_process_data, PRMConfig, "placeholder=<|im_end|>") == \
+        f"{steps} row 1: missing key 'labels' (data.label_key); the row has keys: input, steps"
+
+
 def test_chat_pairs_sharing_a_prompt_prefix(chatml_tokenizer):
     tok = chatml_tokenizer
     cfg = _cfg(DPOConfig, "apply_chat_template=true", "prompt_key=null")
