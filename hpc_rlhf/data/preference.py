@@ -13,6 +13,8 @@ when it generates (prompt ids, then response ids):
   (``prompt_key: null`` or a null value) the responses are whole conversations: every message before
   the last one is the prompt, which must be the same in chosen and rejected.
 
+A pair whose chosen and rejected responses are the same text teaches nothing: a bad row (``identical``).
+
 Length policy: a sequence longer than ``max_len`` is a bad row (skipped and counted, or an error,
 per ``bad_rows``), unless ``truncate_responses``: then the response is cut to fit (the prompt is kept
 whole; a prompt that leaves no room for one response token is still a bad row, and so is a pair whose
@@ -158,6 +160,9 @@ def _tokenize(rows: Iterable[dict], name: str, tokenizer, cfg: PreferenceDataCon
         for r, row in enumerate(rows, start=1):
             try:
                 prompt, responses = texts(row, r)
+                if len(responses) > 1 and responses[0] == responses[1]:
+                    raise _Bad("identical", f"{keys[0]!r} and {keys[1]!r} are the same response: the pair "
+                                            f"prefers nothing")
                 yield _Rendered(r, prompt, responses, extra(row))
             except _Bad as b:
                 bad.add(name, r, b.kind, b.detail)

@@ -5,7 +5,7 @@ from collections import Counter
 from typing import Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
-KINDS = ("missing_key", "empty", "wrong_type", "too_long")
+KINDS = ("missing_key", "empty", "wrong_type", "too_long", "identical")
 
 
 class DataError(ValueError):

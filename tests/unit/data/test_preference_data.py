@@ -71,6 +71,26 @@ def test_bad_rows_are_skipped_with_file_and_row(chatml_tokenizer):
         build_pairs(rows, "pairs.jsonl", chatml_tokenizer, _cfg(DPOConfig, "max_len=32"), BadRows("error"))
 
 
+def test_a_pair_whose_chosen_equals_rejected_is_a_bad_row(chatml_tokenizer, tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"prompt": "1+1=", "chosen": "two", "rejected": "three"},
+        {"prompt": "2+2=", "chosen": "four", "rejected": "four"}]))
+    cfg = load_config(DPOConfig, None, ["pretrain=unused", f"dataset={path}"]).data
+    train, _, bad = load_pairs(cfg, chatml_tokenizer, seed=0)
+    assert [p.source for p in train] == [f"{path} row 1"] and bad.counts() == {"identical": 1}
+    assert bad.summary() == f"identical: 1 row skipped, e.g. {path} row 2: 'chosen' and 'rejected' are the same " \
+                            "response: the pair prefers nothing"
+    with pytest.raises(DataError, match=rf"^{path} row 2: 'chosen' and 'rejected' are the same response"):
+        load_pairs(load_config(DPOConfig, None, ["pretrain=unused", f"dataset={path}", "bad_rows=error"]).data,
+                   chatml_tokenizer, seed=0)
+    # chat: the rendered responses are compared (a string is one assistant message)
+    bad = BadRows("skip")
+    rows = [{"prompt": "3+3=", "chosen": [{"role": "assistant", "content": "six"}], "rejected": "six"}]
+    assert build_pairs(rows, "mem", chatml_tokenizer, _cfg(DPOConfig, "apply_chat_template=true"), bad) == []
+    assert bad.counts() == {"identical": 1}
+
+
 def test_truncation_policy(chatml_tokenizer):
     tok = chatml_tokenizer
     cfg = _cfg(DPOConfig, "max_len=12", "truncate_responses=true")
