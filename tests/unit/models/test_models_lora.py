@@ -1,6 +1,7 @@
 """Model loading (dtype, checkpointing, LoRA, QLoRA), packing check, adapter save/merge, offline errors."""
 import argparse
 import json
+import os
 
 import pytest
 import torch
@@ -166,6 +167,10 @@ def test_merge_lora_matches_peft(llama, tmp_path, capsys):
     assert not any("lora" in n for n, _ in merged.named_parameters())
     assert torch.allclose(_logits(merged), expected, atol=1e-5, rtol=0)
     assert merged.generation_config.eos_token_id == [256, 259]
+    mask = os.umask(0o022)
+    os.umask(mask)
+    want = oct(0o666 & ~mask)  # what the umask gives a new file: 0644 under 022 (safetensors writes 0600)
+    assert {oct(p.stat().st_mode & 0o777) for p in [*adapter.iterdir(), *out.iterdir()]} == {want}
 
     parser = argparse.ArgumentParser()
     add_lora_merge_args(parser)
