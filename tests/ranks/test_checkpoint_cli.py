@@ -1,7 +1,8 @@
 """`hpc-rlhf train sft` run again on its own ckpt_path: it resumes (the same config) past a damaged newest
 checkpoint, and refuses in seconds with one line (another config, or no intact checkpoint).  ``start_over``
 is tested on `trainers/lifecycle.py:resume` in test_checkpoint.py (a third run here would add 15 s).  Every file
-of the exported model and of the checkpoints has the permissions the umask gives."""
+of the exported model and of the checkpoints has the permissions the umask gives; the samples the last step of an
+epoch repeats are logged only by a run that reaches such a step."""
 from __future__ import annotations
 
 import json
@@ -119,3 +120,8 @@ def test_every_file_of_the_model_and_the_checkpoints_has_the_permissions_of_the_
     wrong = {str(p.relative_to(out)): oct(p.stat().st_mode & 0o777) for p in paths if not as_the_umask_gives(p)}
     assert not wrong, wrong
 
+
+def test_the_repeated_samples_are_logged_only_by_a_run_that_reaches_the_last_step_of_an_epoch(umask_runs):
+    assert "to fill train_batch_size" not in umask_runs[0o022][1]  # steps 1-2 of 4
+    assert "1 of the steps to run (the last of an epoch) repeat 2 samples from the epoch's start to fill " \
+           "train_batch_size" in umask_runs[0o077][1]
