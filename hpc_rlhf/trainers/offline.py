@@ -113,11 +113,19 @@ def _run(cfg, name: str, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n}, cfg.ckpt.max_ckpt_num,
                         run_config=dump_yaml(cfg))
 
+    final_eval: dict[str, float] = {}  # the eval after the last step: the exported model's
+
+    def evaluated(done: int) -> dict[str, float]:
+        metrics = evaluate(engine, unit, eval_set, de)
+        if done == total_steps:
+            final_eval.update(metrics)
+        return metrics
+
     boundary = StepBoundary(stop, cfg.ckpt.save_steps, save, max_over_ranks, barrier, de.is_main)
-    metrics = run_steps(cfg, step, start, total_steps, boundary, is_main=de.is_main,
-                        desc=name, evaluate=(lambda i: evaluate(engine, unit, eval_set, de)) if eval_set else None,
-                        export=lambda: unit.export(engine, cfg.ckpt.save_path,
-                                                   {"hpc_rlhf_config.yaml": dump_yaml(cfg)}, eval_set or train_set))
+    metrics = run_steps(cfg, step, start, total_steps, boundary, is_main=de.is_main, desc=name,
+                        evaluate=evaluated if eval_set else None,
+                        export=lambda: unit.export(engine, cfg.ckpt.save_path, {"hpc_rlhf_config.yaml": dump_yaml(cfg)},
+                                                   eval_set or train_set, final_eval))
     metrics["train_time_s"] = time.time() - t_start
     if de.is_main:
         log.info("saved the model to %s (%d steps, %.1f s)", cfg.ckpt.save_path, total_steps,
