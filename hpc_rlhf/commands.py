@@ -22,7 +22,7 @@ from .data.locate import check_source
 from .distributed.preemption import EXIT_STOPPED, RunStopped
 from .distributed.rendezvous import restart_count
 from .logging import wandb_sink
-from .models.paths import resolve_pretrained
+from .models.paths import resolve_pretrained, resolve_tokenizer
 from .rewards.builtins import check_reward_source
 
 TRAIN = "train "  # the trainers' commands: `hpc-rlhf train NAME`, also planned and submitted to SLURM
@@ -101,8 +101,8 @@ def _check_agent(path: str) -> None:
     resolve("hpc_rlhf.agents.contract:load_agent")(path)
 
 
-_CHECKS = {"model": resolve_pretrained, "file": _check_file, "data": check_source, "reward": check_reward_source,
-           "agent": _check_agent}
+_CHECKS = {"model": resolve_pretrained, "tokenizer": resolve_tokenizer, "file": _check_file, "data": check_source,
+           "reward": check_reward_source, "agent": _check_agent}
 # the errors that mean bad input: one line and exit 2, never a traceback (hpc_rlhf/cli.py)
 USER_ERRORS = ("hpc_rlhf.config.base:ConfigError", "hpc_rlhf.data.rows:DataError",
                "hpc_rlhf.models.paths:HubOfflineError", "hpc_rlhf.rewards.errors:RewardError",

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..distributed.collectives import barrier
+from ..models.files import follow_umask
 
 
 def _rank() -> int:
@@ -39,6 +40,7 @@ def save_hf(engine, tokenizer, out_dir: str | Path, extra_files: dict[str, str] 
         tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        follow_umask(tmp)  # safetensors writes 0600
         # Files written by the trainer beside the model (metrics, events) stay where they are.
         for p in tmp.iterdir():
             target = out / p.name

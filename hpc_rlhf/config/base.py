@@ -70,8 +70,9 @@ def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | Non
     a list) must be in the range that ``ge``/``gt``/``le``/``lt`` bound, or one of the ``choices``; every
     numeric field declares a range, or ``unbounded=True`` when any number is meaningful.  ``path`` marks a
     string naming what the run reads, checked before any rank starts: "model" (a model folder or hub name),
-    "file" (a local file), "data" (data sources), "reward" (a reward-function file or built-in) or "agent" (an
-    environment file: it is imported and must define an environment).  ``aliases`` are other names of the
+    "tokenizer" (a model whose tokenizer is read too: a folder must hold the tokenizer's files), "file" (a local
+    file), "data" (data sources), "reward" (a reward-function file or built-in) or "agent" (an environment file: it
+    is imported and must define an environment).  ``aliases`` are other names of the
     option, read wherever its own name is (``resolve_key``).
     """
     meta: dict[str, Any] = {"help": help}

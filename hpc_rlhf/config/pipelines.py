@@ -10,7 +10,7 @@ from .sections import EngineOptions, LaunchConfig, check_template
 
 @dataclass
 class GenModelConfig(EngineOptions):
-    pretrain: str = field(path="model", help="HF causal-LM folder (or hub name) that generates the responses")
+    pretrain: str = field(path="tokenizer", help="HF causal-LM folder (or hub name) that generates the responses")
     param_dtype: Literal["fp32", "bf16", "fp16"] = field("fp32", help="dtype the model runs in (bf16 on GPUs)")
     max_batch_size: int = field(64, ge=1, help="sequences per generation batch on one rank")
 
@@ -67,8 +67,8 @@ class GenerateConfig:
 
 @dataclass
 class RewardModelConfig:
-    reward_pretrain: str = field(path="model",
-                                 help="reward model folder (AutoModelForSequenceClassification, one output)")
+    reward_pretrain: str = field(path="tokenizer", help="reward model folder (AutoModelForSequenceClassification, "
+                                                        "one output) and its tokenizer")
     reward_dtype: Literal["fp32", "bf16", "fp16"] = field("bf16", help="dtype the reward model runs in")
     reward_batch_size: int = field(16, ge=1, help="sequences per reward-model forward")
     normalize_reward: bool = field(True, help="apply (r - reward_mean) / reward_std when the model config "

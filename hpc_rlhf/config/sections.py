@@ -56,7 +56,8 @@ class EngineOptions:
 
 @dataclass
 class ModelConfig:
-    pretrain: str = field(path="model", help="HF model folder or hub name of the model to train")
+    pretrain: str = field(path="tokenizer", help="HF model folder or hub name of the model to train (and of its "
+                                                 "tokenizer)")
     param_dtype: Literal["bf16", "fp32"] = field("fp32", help="dtype of the trained parameters: bf16 on GPUs (on CPUs "
                                                               "without AMX its matmuls are many times slower)")
     gradient_checkpointing: bool = field(False, help="recompute activations in backward to save memory")

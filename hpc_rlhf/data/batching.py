@@ -42,6 +42,11 @@ class EpochSampler:
         """Samples repeated (from the epoch's start) to fill the last step of each epoch."""
         return self.steps_per_epoch * self.batch_size - self.num_samples
 
+    def padded_steps(self, start: int, end: int) -> int:
+        """How many of the steps start .. end - 1 (0-based, counted across epochs) repeat samples: the last step of
+        each epoch they reach, when it has samples to repeat."""
+        return end // self.steps_per_epoch - start // self.steps_per_epoch if self.padded_in_last_step else 0
+
     def permutation(self, epoch: int) -> np.ndarray:
         if epoch != self._epoch:
             self._perm = (np.random.default_rng([self.seed, epoch]).permutation(self.num_samples) if self.shuffle

@@ -13,6 +13,8 @@ when it generates (prompt ids, then response ids):
   (``prompt_key: null`` or a null value) the responses are whole conversations: every message before
   the last one is the prompt, which must be the same in chosen and rejected.
 
+A pair whose chosen and rejected responses are the same text teaches nothing: a bad row (``identical``).
+
 Length policy: a sequence longer than ``max_len`` is a bad row (skipped and counted, or an error,
 per ``bad_rows``), unless ``truncate_responses``: then the response is cut to fit (the prompt is kept
 whole; a prompt that leaves no room for one response token is still a bad row, and so is a pair whose
@@ -27,8 +29,8 @@ from ..config.preference import PairDataConfig, PreferenceDataConfig, UnpairedDa
 from .assemble import assemble
 from .preference_texts import _Texts
 from .rows import BadRows, DataError, in_chunks
-from .sft import Sample, _Bad
-from .sources import load_source
+from .sft import Sample, _Bad, _value
+from .sources import load_source, only_columns
 
 T = TypeVar("T")
 
@@ -76,9 +78,7 @@ def make_sample(prompt_ids: list[int], response_ids: list[int], source: str) -> 
 
 
 def parse_margin(row: dict, key: str) -> float:
-    value = row.get(key)
-    if value is None:
-        raise _Bad("missing_key", f"missing key {key!r}")
+    value = _value(row, key, "objective.margin_key")
     if isinstance(value, bool):
         raise _Bad("wrong_type", f"{key!r} is a boolean, expected a number")
     if isinstance(value, (int, float)):
@@ -95,9 +95,7 @@ _TRUE, _FALSE = ("true", "1", "yes", "desirable"), ("false", "0", "no", "undesir
 
 
 def parse_label(row: dict, key: str) -> bool:
-    value = row.get(key)
-    if value is None:
-        raise _Bad("missing_key", f"missing key {key!r}")
+    value = _value(row, key, "data.label_key")
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)) and value in (0, 1):
@@ -129,14 +127,15 @@ def _fit(prompt: list[int], response: list[int], max_len: int, truncate: bool, k
 
 
 def _tokenize(rows: Iterable[dict], name: str, tokenizer, cfg: PreferenceDataConfig, bad: BadRows,
-              keys: tuple[str, ...], extra: Callable[[dict], Any],
+              options: tuple[str, ...], extra: Callable[[dict], Any],
               make: Callable[[_Rendered, list[int], list[list[int]]], T]) -> list[T]:
     if not getattr(tokenizer, "is_fast", False):
         raise DataError("the tokenizer is not a fast (tokenizers-backed) tokenizer: load the model's tokenizer.json")
     eos = tokenizer.eos_token_id
     if not cfg.apply_chat_template and eos is None:
         raise DataError(f"{name}: the tokenizer has no eos_token, so responses cannot be ended; set one")
-    texts = _Texts(cfg, tokenizer, name, keys)
+    texts = _Texts(cfg, tokenizer, name, options)
+    keys = texts.keys
     ending = [] if cfg.apply_chat_template else [eos]
     out: list[T] = []
 
@@ -161,6 +160,9 @@ def _tokenize(rows: Iterable[dict], name: str, tokenizer, cfg: PreferenceDataCon
         for r, row in enumerate(rows, start=1):
             try:
                 prompt, responses = texts(row, r)
+                if len(responses) > 1 and responses[0] == responses[1]:
+                    raise _Bad("identical", f"{keys[0]!r} and {keys[1]!r} are the same response: the pair "
+                                            f"prefers nothing")
                 yield _Rendered(r, prompt, responses, extra(row))
             except _Bad as b:
                 bad.add(name, r, b.kind, b.detail)
@@ -178,7 +180,7 @@ def build_pairs(rows: Iterable[dict], name: str, tokenizer, cfg: PairDataConfig,
         return PairSample(make_sample(prompt, fitted[0], where), make_sample(prompt, fitted[1], where), c.extra,
                           where)
     extra = (lambda row: parse_margin(row, margin_key)) if margin_key else (lambda row: None)
-    return _tokenize(rows, name, tokenizer, cfg, bad, (cfg.chosen_key, cfg.rejected_key), extra, make)
+    return _tokenize(rows, name, tokenizer, cfg, bad, ("chosen_key", "rejected_key"), extra, make)
 
 
 def build_labelled(rows: Iterable[dict], name: str, tokenizer, cfg: UnpairedDataConfig,
@@ -186,7 +188,7 @@ def build_labelled(rows: Iterable[dict], name: str, tokenizer, cfg: UnpairedData
     """Tokenize rows into labelled completions (KTO)."""
     def make(c: _Rendered, prompt: list[int], fitted: list[list[int]]) -> LabelledSample:
         return LabelledSample(prompt, fitted[0], c.extra, f"{name} row {c.row}")
-    return _tokenize(rows, name, tokenizer, cfg, bad, (cfg.completion_key,),
+    return _tokenize(rows, name, tokenizer, cfg, bad, ("completion_key",),
                      lambda row: parse_label(row, cfg.label_key), make)
 
 
@@ -211,10 +213,7 @@ def _load(cfg: PreferenceDataConfig, seed: int, build: Callable[[Any, str, BadRo
         rows, name = load_source(spec, cfg.dataset_split)
         if limit is not None and len(rows) > limit:
             rows = rows.select(range(limit))
-        present = [k for k in columns if k in rows.column_names]
-        if present:  # skip converting unused columns to Python objects
-            rows = rows.select_columns(present)
-        return build(rows, name, bad), len(rows)
+        return build(only_columns(rows, columns), name, bad), len(rows)
 
     train, evals = assemble(cfg.dataset, read, bad, probs=cfg.dataset_probs, eval_sources=cfg.eval_dataset,
                             eval_ratio=cfg.eval_split_ratio, max_samples=cfg.max_samples,

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..config.preference import PreferenceDataConfig
 from .rows import DataError, checked_template
-from .sft import _Bad, _ChatRenderer, _check_messages, _get_str
+from .sft import _Bad, _ChatRenderer, _check_messages, _get_str, _value
 
 
 def _as_messages(value: Any, key: str, role: str) -> list[dict]:
@@ -18,10 +18,13 @@ def _as_messages(value: Any, key: str, role: str) -> list[dict]:
 
 
 class _Texts:
-    """Turns a row into (prompt text, [response text per key])."""
+    """Turns a row into (prompt text, [response text per key]); ``response_options`` name the data options that
+    hold the response columns (chosen_key, rejected_key; completion_key)."""
 
-    def __init__(self, cfg: PreferenceDataConfig, tokenizer, name: str, response_keys: tuple[str, ...]):
-        self.cfg, self.keys = cfg, response_keys
+    def __init__(self, cfg: PreferenceDataConfig, tokenizer, name: str, response_options: tuple[str, ...]):
+        self.cfg = cfg
+        self.keys = tuple(getattr(cfg, o) for o in response_options)
+        self.options = tuple(f"data.{o}" for o in response_options)
         self.chat = _ChatRenderer(tokenizer, cfg.tokenizer_chat_template, name) if cfg.apply_chat_template else None
         self.name = name
         checked_template(cfg.input_template)
@@ -30,17 +33,13 @@ class _Texts:
         return self._chat(row, r) if self.chat is not None else self._plain(row)
 
     def _plain(self, row: dict) -> tuple[str, list[str]]:
-        prompt = _get_str(row, self.cfg.prompt_key) if self.cfg.prompt_key else ""
+        prompt = _get_str(row, self.cfg.prompt_key, "data.prompt_key") if self.cfg.prompt_key else ""
         if self.cfg.input_template is not None:
             prompt = self.cfg.input_template.format(prompt)
-        return prompt, [_get_str(row, k) for k in self.keys]
+        return prompt, [_get_str(row, k, o) for k, o in zip(self.keys, self.options)]
 
     def _chat(self, row: dict, r: int) -> tuple[str, list[str]]:
-        values = []
-        for k in self.keys:
-            if row.get(k) is None:
-                raise _Bad("missing_key", f"missing key {k!r}")
-            values.append(row[k])
+        values = [_value(row, k, o) for k, o in zip(self.keys, self.options)]
         prompt_value = row.get(self.cfg.prompt_key) if self.cfg.prompt_key else None
         if prompt_value is None:  # whole conversations: the last message is the response
             convs = []

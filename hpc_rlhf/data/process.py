@@ -22,8 +22,8 @@ from typing import Any, Iterable, Iterator
 from ..config.preference import ProcessDataConfig
 from .assemble import assemble
 from .rows import BadRows, DataError, in_chunks
-from .sft import _Bad, _get_str
-from .sources import load_source
+from .sft import _Bad, _get_str, _value
+from .sources import load_source, only_columns
 
 
 @dataclass
@@ -99,9 +99,7 @@ def parse_step_label(value: Any, soft: bool) -> int | float:
 
 
 def _labels(row: dict, key: str, soft: bool) -> list:
-    value = row.get(key)
-    if value is None:
-        raise _Bad("missing_key", f"missing key {key!r}")
+    value = _value(row, key, "data.label_key")
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise _Bad("wrong_type", f"{key!r} is {type(value).__name__}, expected a list of step labels")
     return [parse_step_label(v, soft) for v in value]
@@ -129,7 +127,7 @@ def build_process_samples(rows: Iterable[dict], name: str, tokenizer, cfg: Proce
     def parsed() -> Iterator[tuple[int, list[str], list]]:
         for r, row in enumerate(rows, start=1):
             try:
-                text = _get_str(row, cfg.input_key)
+                text = _get_str(row, cfg.input_key, "data.input_key")
                 labels = _labels(row, cfg.label_key, cfg.soft_labels)
                 pieces = text.split(cfg.placeholder)
                 steps = len(pieces) - 1
@@ -157,10 +155,8 @@ def load_process_data(cfg: ProcessDataConfig, tokenizer,
         rows, name = load_source(spec, cfg.dataset_split)
         if limit is not None and len(rows) > limit:
             rows = rows.select(range(limit))
-        present = [k for k in (cfg.input_key, cfg.label_key) if k in rows.column_names]
-        if present:
-            rows = rows.select_columns(present)
-        return build_process_samples(rows, name, tokenizer, cfg, bad), len(rows)
+        samples = build_process_samples(only_columns(rows, [cfg.input_key, cfg.label_key]), name, tokenizer, cfg, bad)
+        return samples, len(rows)
 
     train, evals = assemble(cfg.dataset, read, bad, probs=cfg.dataset_probs, eval_sources=cfg.eval_dataset,
                             eval_ratio=cfg.eval_split_ratio, max_samples=cfg.max_samples,

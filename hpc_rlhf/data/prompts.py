@@ -9,7 +9,7 @@ from ..algorithms.eval_metrics import dataset_names
 from ..config.rl import PromptDataConfig
 from .mixing import mix
 from .rows import BadRows, DataError
-from .sft import _Bad, _ChatRenderer, _check_messages, _get_str
+from .sft import _Bad, _ChatRenderer, _check_messages, _get_str, _value
 from .sources import load_source
 
 
@@ -29,22 +29,17 @@ def build_prompts(rows, name: str, tokenizer, cfg: PromptDataConfig, bad: BadRow
         r = i + 1
         try:
             if chat is not None:
-                value = row.get(cfg.input_key)
-                if value is None:
-                    raise _Bad("missing_key", f"missing key {cfg.input_key!r}")
+                value = _value(row, cfg.input_key, "data.input_key")
                 messages = ([{"role": "user", "content": value}] if isinstance(value, str)
                             else _check_messages(value, cfg.input_key))
                 text = chat.render(messages, True)
             else:
-                text = _get_str(row, cfg.input_key)
+                text = _get_str(row, cfg.input_key, "data.input_key")
                 if cfg.input_template is not None:
                     text = cfg.input_template.format(text)
             label = None
             if cfg.label_key is not None:
-                value = row.get(cfg.label_key)
-                if value is None:
-                    raise _Bad("missing_key", f"missing key {cfg.label_key!r}")
-                label = str(value)
+                label = str(_value(row, cfg.label_key, "data.label_key"))
             ids = tokenizer(text, add_special_tokens=chat is None)["input_ids"]
             if len(ids) > cfg.prompt_max_len:
                 raise _Bad("too_long", f"{len(ids)} tokens > prompt_max_len {cfg.prompt_max_len}")

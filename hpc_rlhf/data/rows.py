@@ -5,7 +5,7 @@ from collections import Counter
 from typing import Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
-KINDS = ("missing_key", "empty", "wrong_type", "too_long")
+KINDS = ("missing_key", "empty", "wrong_type", "too_long", "identical")
 
 
 class DataError(ValueError):
@@ -50,6 +50,13 @@ class BadRows:
 
     def __repr__(self) -> str:
         return f"BadRows(policy={self.policy!r}, counts={self.counts()})"
+
+
+def missing_key(row: dict, key: str, option: str) -> str:
+    """What a row without a value in column ``key`` (which ``option`` names) is told: the option and the keys it has
+    (a null counts as no value: Arrow gives every row every column)."""
+    have = ", ".join(str(k) for k, v in row.items() if v is not None) or "none"
+    return f"missing key {key!r} ({option}); the row has keys: {have}"
 
 
 def checked_template(template: str | None) -> str | None:

@@ -9,8 +9,8 @@ import numpy as np
 
 from ..config.sections import DataConfig
 from .assemble import assemble
-from .rows import BadRows, DataError, checked_template, in_chunks
-from .sources import load_source
+from .rows import BadRows, DataError, checked_template, in_chunks, missing_key
+from .sources import load_source, only_columns
 
 
 @dataclass
@@ -42,10 +42,16 @@ class _Bad(Exception):
         self.kind, self.detail = kind, detail
 
 
-def _get_str(row: dict, key: str) -> str:
+def _value(row: dict, key: str, option: str) -> Any:
+    """The row's value in column ``key``, which ``option`` names (a missing_key bad row when it has none)."""
     value = row.get(key)
     if value is None:
-        raise _Bad("missing_key", f"missing key {key!r}")
+        raise _Bad("missing_key", missing_key(row, key, option))
+    return value
+
+
+def _get_str(row: dict, key: str, option: str) -> str:
+    value = _value(row, key, option)
     if not isinstance(value, str):
         raise _Bad("wrong_type", f"{key!r} is {type(value).__name__}, expected a string")
     if not value.strip():
@@ -118,11 +124,10 @@ def _render_rows(rows: Iterable[dict], name: str, tokenizer, cfg: DataConfig, ba
         r = i + 1
         try:
             if chat is not None:
-                messages = row.get(cfg.input_key)
-                if messages is None:
-                    raise _Bad("missing_key", f"missing key {cfg.input_key!r}")
+                messages = _value(row, cfg.input_key, "data.input_key")
                 # a plain string is the user's turn (as the RL prompts take it)
-                messages = ([{"role": "user", "content": _get_str(row, cfg.input_key)}] if isinstance(messages, str)
+                messages = ([{"role": "user", "content": _get_str(row, cfg.input_key, "data.input_key")}]
+                            if isinstance(messages, str)
                             else _check_messages(messages, cfg.input_key))
                 extra = row.get(cfg.output_key) if cfg.output_key else None
                 if isinstance(extra, str):
@@ -136,10 +141,10 @@ def _render_rows(rows: Iterable[dict], name: str, tokenizer, cfg: DataConfig, ba
                 text, spans = chat(messages, r)
                 yield _Text(r, text, spans)
             elif cfg.pretrain_mode:
-                yield _Text(r, _get_str(row, cfg.input_key) + eos, None)
+                yield _Text(r, _get_str(row, cfg.input_key, "data.input_key") + eos, None)
             else:
-                prompt = _get_str(row, cfg.input_key)
-                response = _get_str(row, cfg.output_key)
+                prompt = _get_str(row, cfg.input_key, "data.input_key")
+                response = _get_str(row, cfg.output_key, "data.output_key")
                 if template is not None:
                     prompt = template.format(prompt)
                 text = prompt + response + eos
@@ -195,10 +200,7 @@ def _read(spec: str, cfg: DataConfig, tokenizer, bad: BadRows, limit: int | None
     rows, name = load_source(spec, cfg.dataset_split)
     if limit is not None and len(rows) > limit:
         rows = rows.select(range(limit))
-    present = [k for k in _keys(cfg) if k in rows.column_names]
-    if present:  # skip converting unused columns to Python objects
-        rows = rows.select_columns(present)
-    return build_sft_samples(rows, name, tokenizer, cfg, bad), len(rows), name
+    return build_sft_samples(only_columns(rows, _keys(cfg)), name, tokenizer, cfg, bad), len(rows), name
 
 
 def load_sft_data(cfg: DataConfig, tokenizer, seed: int) -> tuple[list[Sample], list[Sample], BadRows]:

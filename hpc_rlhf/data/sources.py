@@ -190,3 +190,9 @@ def load_source(spec: str, split: str = "train") -> tuple[datasets.Dataset, str]
         raise DataError(f"{spec}: not a local file or folder, and loading it from the Hub failed: "
                         f"{type(e).__name__}: {_one_line(e, 300)}") from e
     return rows, f"{base}@{split}"
+
+
+def only_columns(rows: datasets.Dataset, keys: list[str]) -> datasets.Dataset:
+    """``rows`` with just the columns ``keys`` when it has them all (the others are not converted to Python objects);
+    else whole, so that a bad row missing a key lists the keys it has."""
+    return rows.select_columns(keys) if keys and set(keys) <= set(rows.column_names) else rows

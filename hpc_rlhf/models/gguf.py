@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+from .files import follow_umask, umask
+
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DTYPES = tuple(_DTYPES)
 IMPORT_RECORD = "hpc_rlhf_import.json"  # in every imported folder: the source it was converted from
@@ -117,7 +119,8 @@ def import_gguf(file: str | os.PathLike, out: str | os.PathLike, dtype: str = "f
              "dtype": dtype, "format": "gguf"}, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)
-        tmp.chmod(0o755)  # mkdtemp makes it private
+        follow_umask(tmp)
+        tmp.chmod(0o777 & ~umask())  # mkdtemp makes it private
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

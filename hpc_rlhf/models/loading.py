@@ -5,14 +5,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from ..config.sections import ModelConfig
-from .paths import resolve_pretrained
+from .paths import resolve_pretrained, resolve_tokenizer
 
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def load_tokenizer(path: str, chat_template: str | None = None):
     """AutoTokenizer with a pad token (eos when missing), right padding and an optional chat template."""
-    tok = AutoTokenizer.from_pretrained(resolve_pretrained(path))
+    tok = AutoTokenizer.from_pretrained(resolve_tokenizer(path))
     if tok.pad_token is None:
         if tok.eos_token is None:
             raise ValueError(f"tokenizer of {path} has neither a pad nor an eos token")

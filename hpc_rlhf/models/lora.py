@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .files import follow_umask
 from .paths import resolve_pretrained
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -19,6 +20,7 @@ def save_lora_adapter(peft_model, out_dir, tokenizer=None) -> Path:
     peft_model.save_pretrained(out, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    follow_umask(out)
     return out
 
 
@@ -52,4 +54,5 @@ def merge_lora(adapter_dir, out_dir, base: str | None = None, dtype: str = "fp32
     merged.save_pretrained(out, safe_serialization=True)
     tok_src = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base
     AutoTokenizer.from_pretrained(str(tok_src)).save_pretrained(out)
+    follow_umask(out)
     return out

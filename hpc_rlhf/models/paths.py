@@ -1,5 +1,5 @@
-"""Where a model the config names lives: a local folder, or a hub name when the hub can be reached.  No torch: the
-config checks of a login node's commands use it."""
+"""Where a model the config names lives: a local folder, or a hub name when the hub can be reached; whether a folder
+holds a tokenizer.  No torch: the config checks of a login node's commands use it."""
 from __future__ import annotations
 
 import os
@@ -30,3 +30,21 @@ def resolve_pretrained(name: str) -> str:
         raise HubOfflineError(f"{name} is not a local folder, and HF_HUB_OFFLINE is set, so the Hub "
                               "cannot be reached: copy the model to the cluster and pass its path")
     return name
+
+
+# What transformers builds a tokenizer from: the tokenizers library's file, or the vocabulary of a slow tokenizer
+# (sentencepiece, BPE, WordPiece, Mistral's tekken), which it converts.  Without any of them it builds, from the
+# model type alone, a tokenizer of a handful of special tokens that reads every word as <unk> (or as nothing).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "spm.model",
+                   "vocab.json", "vocab.txt", "tekken.json")
+
+
+def resolve_tokenizer(name: str) -> str:
+    """``resolve_pretrained(name)`` for a model its tokenizer is read from too: a local folder must hold one of
+    TOKENIZER_FILES (FileNotFoundError naming the folder and the files otherwise); a hub name is not checked."""
+    path = resolve_pretrained(name)
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        raise FileNotFoundError(f"model folder {path} has no tokenizer: it needs tokenizer.json, or the vocabulary "
+                                f"of a slow tokenizer ({', '.join(TOKENIZER_FILES[1:])}); copy the tokenizer files "
+                                f"of the model it was trained from into it")
+    return path

@@ -7,6 +7,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
+from .files import follow_umask
 from .tokenizer import IM_END, build_tokenizer
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2", "mixtral")
@@ -59,6 +60,7 @@ def build_tiny_model(out_dir, arch: str = "llama", hidden_size: int = 64, num_la
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    follow_umask(out)
     return out
 
 

@@ -9,7 +9,7 @@ import logging
 import time
 
 from ..config.pipelines import RewardModelConfig, ScoreConfig
-from ..data.rows import DataError
+from ..data.rows import DataError, missing_key
 from ..distributed.process_group import shutdown
 from ..models.loading import load_tokenizer
 from ..models.paths import resolve_pretrained
@@ -46,9 +46,12 @@ def run_score(cfg: ScoreConfig) -> dict:
         d = cfg.data
         rows = read_jsonl(d.input_path)
         for n, r in enumerate(rows, 1):
-            for key in (d.prompt_key, d.response_key):
-                if not isinstance(r.get(key), str):
-                    raise DataError(f"{d.input_path} row {n}: {key!r} is missing or not a string")
+            for option in ("prompt_key", "response_key"):
+                key = getattr(d, option)
+                if r.get(key) is None:
+                    raise DataError(f"{d.input_path} row {n}: {missing_key(r, key, 'data.' + option)}")
+                if not isinstance(r[key], str):
+                    raise DataError(f"{d.input_path} row {n}: {key!r} is {type(r[key]).__name__}, expected a string")
         lo, hi = shard_bounds(len(rows), de.rank, de.world_size)
         tokenizer = load_tokenizer(resolve_pretrained(cfg.reward.reward_pretrain))
         scorer = make_scorer(cfg.reward, device(de))

@@ -92,12 +92,13 @@ def _run(cfg, name: str, de: DistEnv, stop: StopRequest) -> dict[str, float]:
     total_steps = sampler.steps_per_epoch * cfg.train.max_epochs
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
-    if de.is_main and sampler.padded_in_last_step:
-        log.info("the last step of each epoch repeats %d samples to fill train_batch_size",
-                 sampler.padded_in_last_step)
     engine = build_engine(model, cfg.train, cfg.train.learning_rate, cfg.model.param_dtype, total_steps,
                           de.world_size)
     state = resume({"model": engine}, cfg, de.is_main)
+    start = state["step"] if state else 0
+    if de.is_main and (padded := sampler.padded_steps(start, total_steps)):
+        log.info("%d of the steps to run (the last of an epoch) repeat %d samples from the epoch's start to fill "
+                 "train_batch_size", padded, sampler.padded_in_last_step)
 
     def step(i: int) -> dict[str, float]:
         t0 = time.time()
@@ -112,11 +113,19 @@ def _run(cfg, name: str, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         save_checkpoint({"model": engine}, cfg.ckpt.ckpt_path, n, {"step": n}, cfg.ckpt.max_ckpt_num,
                         run_config=dump_yaml(cfg))
 
+    final_eval: dict[str, float] = {}  # the eval after the last step: the exported model's
+
+    def evaluated(done: int) -> dict[str, float]:
+        metrics = evaluate(engine, unit, eval_set, de)
+        if done == total_steps:
+            final_eval.update(metrics)
+        return metrics
+
     boundary = StepBoundary(stop, cfg.ckpt.save_steps, save, max_over_ranks, barrier, de.is_main)
-    metrics = run_steps(cfg, step, state["step"] if state else 0, total_steps, boundary, is_main=de.is_main,
-                        desc=name, evaluate=(lambda i: evaluate(engine, unit, eval_set, de)) if eval_set else None,
-                        export=lambda: unit.export(engine, cfg.ckpt.save_path,
-                                                   {"hpc_rlhf_config.yaml": dump_yaml(cfg)}, eval_set or train_set))
+    metrics = run_steps(cfg, step, start, total_steps, boundary, is_main=de.is_main, desc=name,
+                        evaluate=evaluated if eval_set else None,
+                        export=lambda: unit.export(engine, cfg.ckpt.save_path, {"hpc_rlhf_config.yaml": dump_yaml(cfg)},
+                                                   eval_set or train_set, final_eval))
     metrics["train_time_s"] = time.time() - t_start
     if de.is_main:
         log.info("saved the model to %s (%d steps, %.1f s)", cfg.ckpt.save_path, total_steps,

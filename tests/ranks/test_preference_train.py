@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from preference_fixtures import check_learned, cli_config, losses, make_assets, run_cli
+from _dist import run_ranks
+from preference_fixtures import check_learned, cli_config, losses, make_assets, pair_rows, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,58 @@ def test_rm_two_ranks_log_the_same_run_as_one(rm_runs):
     assert final(two) == pytest.approx(final(one), abs=1e-5)
     stored = [json.loads((p / "config.json").read_text()) for p in (root / "single", root / "two")]
     assert stored[1]["reward_std"] == pytest.approx(stored[0]["reward_std"], abs=1e-5)
+
+
+def _rm_one_step(model_dir: str, overrides: list[str]) -> tuple[list, dict]:
+    """`train rm` in process, counting the forward passes: (pairs scored, engine in training mode) per call of
+    pair_scores, and the run's summary."""
+    from hpc_rlhf.config import load_config
+    from hpc_rlhf.config.preference import RMConfig
+    from hpc_rlhf.trainers.objectives.reward_model import RewardModel
+    from hpc_rlhf.trainers.offline import run_offline
+
+    calls, score = [], RewardModel.pair_scores
+
+    def counted(self, engine, pairs):
+        calls.append((len(pairs), engine.module.training))
+        return score(self, engine, pairs)
+    RewardModel.pair_scores = counted
+    return calls, run_offline(load_config(RMConfig, None, [f"pretrain={model_dir}", *overrides]))
+
+
+def test_rm_reward_statistics_come_from_the_eval_pass(assets, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from hpc_rlhf.config import load_config
+    from hpc_rlhf.config.preference import RMConfig
+    from hpc_rlhf.data.packing import collate_padded
+    from hpc_rlhf.data.preference import load_pairs
+    from hpc_rlhf.models.loading import load_tokenizer
+
+    rows = pair_rows(12)
+    train, evals = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    for path, part in ((train, rows[:8]), (evals, rows[8:])):
+        path.write_text("".join(json.dumps(r) + "\n" for r in part))
+    save = tmp_path / "rm"
+    overrides = [f"dataset={train}", f"eval_dataset={evals}", f"save_path={save}", f"ckpt_path={tmp_path / 'ckpt'}",
+                 "param_dtype=fp32", "train_batch_size=4", "micro_train_batch_size=2", "max_steps=1",
+                 "zero_stage=0", "progress_bar=off", "use_tensorboard=false"]
+    calls, summary = run_ranks(_rm_one_step, 1, str(assets["model"]), overrides)[0]
+    # the step: 4 pairs in 2 micro-batches; the eval after it: the 4 eval pairs in 2; no pass after it
+    assert calls == [(2, True), (2, True), (2, False), (2, False)]
+
+    # what a pass of the exported model over the eval set gives: the mean and (population) std of its 8 scores
+    tokenizer = load_tokenizer(str(save))
+    _, eval_pairs, _ = load_pairs(load_config(RMConfig, None, [f"pretrain={save}", *overrides]).data, tokenizer, 0)
+    batch = collate_padded([p.chosen for p in eval_pairs] + [p.rejected for p in eval_pairs], tokenizer.pad_token_id)
+    model = AutoModelForSequenceClassification.from_pretrained(save).eval()
+    with torch.no_grad():
+        scores = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, 0].double()
+    assert len(eval_pairs) == 4 and float(scores.std()) > 1e-3
+    stored = json.loads((save / "config.json").read_text())
+    for values in (summary, stored):
+        assert values["reward_mean"] == pytest.approx(float(scores.mean()), abs=1e-5)
+        assert values["reward_std"] == pytest.approx(float(scores.std(unbiased=False)), abs=1e-5)
 
 
 def test_rm_export_loads_and_scores_like_the_trainer(rm_runs):

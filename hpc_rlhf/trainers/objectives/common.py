@@ -178,8 +178,10 @@ class Objective:
         """Metrics of the whole step, read from its context (the same on every rank)."""
         return {}
 
-    def export(self, engine, save_path: str, files: dict[str, str], stats_items: list) -> dict[str, float]:
-        """Write the HF folder; return metrics worth logging once (e.g. reward statistics)."""
+    def export(self, engine, save_path: str, files: dict[str, str], stats_items: list,
+               final_eval: dict[str, float]) -> dict[str, float]:
+        """Write the HF folder; return metrics worth logging once (e.g. reward statistics).  ``final_eval``: the
+        metrics of the eval after the last step (the exported model's), empty when none ran."""
         save_hf(engine, self.tokenizer, save_path, files)
         return {}
 

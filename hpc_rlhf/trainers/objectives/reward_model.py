@@ -30,12 +30,15 @@ class RewardModel(Objective):
         return self.scores(engine, batch.input_ids, batch.attention_mask, batch.position_ids)
 
     def loss(self, engine, pairs: list, ctx) -> LossOut:
-        chosen, rejected = split_pairs(self.pair_scores(engine, pairs))
+        scores = self.pair_scores(engine, pairs)
+        chosen, rejected = split_pairs(scores)
         margin = None
         if self.cfg.objective.margin_key:
             margin = torch.tensor([p.margin for p in pairs], dtype=torch.float32, device=chosen.device)
         loss, m = pairwise_reward_loss(chosen, rejected, margin, loss_type=self.cfg.objective.loss_type)
-        return LossOut(loss, len(pairs), pair_stats(m, len(pairs)))
+        # the mean square of every score: with the chosen and rejected means, the export's statistics
+        squares = (float(scores.detach().double().square().sum()), float(scores.numel()))
+        return LossOut(loss, len(pairs), pair_stats(m, len(pairs)) | {"reward_sq": squares})
 
     @torch.no_grad()
     def reward_statistics(self, engine, pairs: list) -> tuple[float, float]:
@@ -53,9 +56,16 @@ class RewardModel(Objective):
         mean = total / n
         return mean, math.sqrt(max(squares / n - mean * mean, 0.0))
 
-    def export(self, engine, save_path: str, files: dict[str, str], stats_items: list) -> dict[str, float]:
-        """Store the score statistics in config.json (read by `rewards.model.RewardModelScorer` to normalise)."""
-        mean, std = self.reward_statistics(engine, stats_items)
+    def export(self, engine, save_path: str, files: dict[str, str], stats_items: list,
+               final_eval: dict[str, float]) -> dict[str, float]:
+        """Store the score statistics in config.json (read by `rewards.model.RewardModelScorer` to normalise): from
+        the eval after the last step, which scored every response of the eval set, else one pass over
+        ``stats_items`` (no eval set: the training pairs)."""
+        if final_eval:  # as many chosen as rejected scores: their mean is the mean of the two means
+            mean = (final_eval["eval_chosen_reward"] + final_eval["eval_rejected_reward"]) / 2
+            std = math.sqrt(max(final_eval["eval_reward_sq"] - mean * mean, 0.0))
+        else:
+            mean, std = self.reward_statistics(engine, stats_items)
         engine.module.config.reward_mean = mean
         engine.module.config.reward_std = std
         save_hf(engine, self.tokenizer, save_path, files)

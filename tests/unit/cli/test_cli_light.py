@@ -1,6 +1,6 @@
 """A login node's commands stay light: `hpc-rlhf --help`, `options`, `plan`, `status`, `report` and `sweep` load no
 torch, and a configured command reports a config error (unknown key, value out of range, missing file) before it
-loads torch."""
+loads torch (a model folder without a tokenizer included)."""
 from __future__ import annotations
 
 import json
@@ -39,6 +39,9 @@ def inputs(tmp_path_factory):
     (root / "m" / "config.json").write_text(json.dumps({
         "model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 16, "vocab_size": 10}))
+    (root / "m" / "tokenizer.json").write_text("{}")  # only its presence is checked before torch loads
+    (root / "bare").mkdir()  # a model folder without tokenizer files
+    (root / "bare" / "config.json").write_text((root / "m" / "config.json").read_text())
     (root / "d.jsonl").write_text('{"input": "1+1=", "output": "2"}\n')
     (root / "config.yaml").write_text(f"model: {{pretrain: {root / 'm'}}}\ndata: {{dataset: [{root / 'd.jsonl'}]}}\n")
     return root
@@ -74,3 +77,18 @@ def test_config_errors_come_before_torch(inputs, override, message):
     out = probe("train", "sft", f"pretrain={inputs / 'm'}", f"dataset={inputs / 'd.jsonl'}", override)
     assert out["rc"] == 2 and message in out["stderr"], out["stderr"][-2000:]
     assert out["loaded"] == []
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "sft", "pretrain={bare}", "dataset={d}"],
+    ["train", "dpo", "pretrain={bare}", "dataset={d}"],
+    ["generate", "pretrain={bare}", "prompt_data={d}", "output_path={root}/out.jsonl"],
+    ["score", "reward_pretrain={bare}", "input_path={d}", "output_path={root}/out.jsonl"],
+])
+def test_a_model_folder_without_a_tokenizer_is_refused_before_torch(inputs, command):
+    """transformers would build a tokenizer of a few special tokens from config.json alone: every word <unk>."""
+    out = probe(*(a.format(bare=inputs / "bare", d=inputs / "d.jsonl", root=inputs) for a in command))
+    assert out["rc"] == 2 and out["loaded"] == [], out["stderr"][-2000:]
+    line = [x for x in out["stderr"].splitlines() if "has no tokenizer" in x]
+    assert len(line) == 1 and f"model folder {inputs / 'bare'} has no tokenizer: it needs tokenizer.json, or " \
+        "the vocabulary of a slow tokenizer (tokenizer.model, " in line[0], out["stderr"][-2000:]

@@ -68,12 +68,18 @@ def test_every_numeric_option_declares_its_range():
     assert not both, both
 
 
+TOKENIZER_FROM = {name: {"reward.reward_pretrain"} if name == "score" else
+                  {"model.pretrain", "reward.reward_pretrain"} if name == "iterative-dpo" else {"model.pretrain"}
+                  for name in COMMANDS}
+
+
 def test_every_model_and_file_option_is_checked_before_the_ranks_start():
     for name, command in COMMANDS.items():
         for path, (_, f, _) in leaf_paths(resolve(command.config)).items():
             leaf = path.rsplit(".", 1)[-1]
-            if leaf.endswith("pretrain"):
-                assert f.metadata.get("path") == "model", (name, path)
+            if leaf.endswith("pretrain"):  # the tokenizer is read from the trained (generating, scoring) model only
+                assert f.metadata.get("path") == ("tokenizer" if path in TOKENIZER_FROM[name] else "model"), \
+                    (name, path)
             if leaf in ("input_path", "dpo_config"):
                 assert f.metadata.get("path") == "file", (name, path)
             if leaf == "reward_func":  # a file or builtin:NAME
@@ -161,8 +167,10 @@ def test_each_numeric_option_out_of_range_exits_2_naming_it(args, cls, no_run, c
 
 @pytest.fixture
 def rl_inputs(tmp_path):
-    """An RL config whose inputs exist (an empty model folder is enough for the check) and needs 3 ranks."""
+    """An RL config whose inputs exist (a model folder with a tokenizer file is enough for the check) and needs 3
+    ranks."""
     (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tokenizer.json").write_text("{}")
     (tmp_path / "p.jsonl").write_text('{"input": "1+1=", "label": "2"}\n')
     (tmp_path / "reward.py").write_text("def reward_func(queries, prompts, labels):\n    return [0.0] * len(queries)\n")
     return [f"pretrain={tmp_path / 'model'}", f"prompt_data={tmp_path / 'p.jsonl'}",
@@ -192,9 +200,23 @@ def test_missing_input_stops_before_the_ranks_start(rl_inputs, no_run, tmp_path,
     assert ("HF_HUB_OFFLINE is set" in err[0]) if "offline" in override else (str(tmp_path / "missing") in err[0])
 
 
+def test_models_whose_tokenizer_is_the_trained_models_need_no_tokenizer_files(rl_inputs, tmp_path):
+    # reference, critic, reward (RL) and teacher models read the token ids of model.pretrain's tokenizer
+    (tmp_path / "bare").mkdir()
+    bare = tmp_path / "bare"
+    commands.check_inputs(load_config(RLConfig, None, [*rl_inputs, f"reward_pretrain={bare}",
+                                                       f"critic_pretrain={bare}", f"ref_pretrain={bare}"]))
+    pretrain, data = rl_inputs[0], rl_inputs[1].replace("prompt_data", "dataset")
+    for trainer, option in (("train dpo", "ref_pretrain"), ("train kd", "teacher_pretrain")):
+        commands.check_inputs(commands.load_config(trainer, None, [pretrain, data, f"{option}={bare}"]))
+    with pytest.raises(ConfigError, match=rf"^model\.pretrain: model folder {bare} has no tokenizer"):
+        commands.check_inputs(load_config(RLConfig, None, [*rl_inputs, f"pretrain={bare}"]))
+
+
 def test_the_iterative_dpo_driver_checks_its_inputs(no_run, tmp_path, capsys):
     # the driver is one process that starts its stages: a missing dpo_config stops it before the first stage
     (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tokenizer.json").write_text("{}")
     (tmp_path / "p.jsonl").write_text('{"input": "1+1="}\n')
     rc = cli.main(["iterative-dpo", f"pretrain={tmp_path / 'model'}", f"reward_pretrain={tmp_path / 'model'}",
                    f"prompt_data={tmp_path / 'p.jsonl'}", "n_samples_per_prompt=2",

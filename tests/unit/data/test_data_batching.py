@@ -42,6 +42,16 @@ def test_sampler_covers_every_index_each_epoch(n, batch, world):
     assert again.step_indices(1, 0) == samplers[0].step_indices(1, 0)
 
 
+def test_padded_steps_counts_the_epoch_ends_a_run_reaches():
+    sampler = EpochSampler(30, 8, 1, 0, seed=0)  # 4 steps per epoch, the 4th repeats 2 samples
+    assert sampler.padded_in_last_step == 2
+    # steps are 0-based: 3, 7, 11, ... end an epoch
+    assert [sampler.padded_steps(0, end) for end in (1, 3, 4, 7, 8, 9)] == [0, 0, 1, 1, 2, 2]
+    assert [sampler.padded_steps(start, 8) for start in (3, 4, 7)] == [2, 1, 1]
+    assert sampler.padded_steps(4, 7) == 0  # resumed after step 4, stopped by max_steps before step 8
+    assert EpochSampler(32, 8, 1, 0, seed=0).padded_steps(0, 8) == 0  # nothing to repeat
+
+
 def test_sampler_without_shuffle_keeps_the_given_order_every_epoch():
     # 5 items, batches of 2 over 2 ranks: steps take 0 1 | 2 3 | 4 and the wrap's 0; rank 1 the odd places
     s0, s1 = (EpochSampler(5, 2, 2, rank, seed=5, shuffle=False) for rank in (0, 1))

@@ -145,7 +145,8 @@ def test_bad_rows_plain(chatml_tokenizer):
     assert [s.source for s in samples] == ["train.jsonl row 1"]
     assert bad.counts() == {"missing_key": 2, "empty": 1, "wrong_type": 1, "too_long": 1}
     summary = bad.summary()
-    assert "train.jsonl row 2: missing key 'output'; train.jsonl row 6: missing key 'input'" in summary
+    assert "train.jsonl row 2: missing key 'output' (data.output_key); the row has keys: input; train.jsonl row 6: " \
+        "missing key 'input' (data.input_key); the row has keys: output" in summary
     assert "train.jsonl row 3: empty 'output'" in summary
     assert "train.jsonl row 4: 'output' is int, expected a string" in summary
     assert "train.jsonl row 5: 22 tokens, more than max_len 16" in summary
@@ -224,6 +225,22 @@ def test_load_sft_data_empty_training_set(tmp_path, chatml_tokenizer):
         load_sft_data(cfg(dataset=[path]), chatml_tokenizer, seed=0)
     assert "no training samples: read 2 rows from" in str(e.value) and "train.jsonl, 2 of them bad" in str(e.value)
     assert "missing_key: 2 rows skipped, e.g. " in str(e.value) and "row 1: missing key 'input'" in str(e.value)
+
+
+def test_a_missing_key_names_its_option_and_the_keys_the_row_has(tmp_path, chatml_tokenizer):
+    # a key no row has: every column of the file is read, so the message lists them
+    path = write_jsonl(tmp_path / "train.jsonl", [{"question": "a", "output": "b", "id": 7}])
+    with pytest.raises(DataError) as e:
+        load_sft_data(cfg(dataset=[path], bad_rows="error"), chatml_tokenizer, seed=0)
+    assert str(e.value).startswith(f"{path} row 1: missing key 'input' (data.input_key); the row has keys: "
+                                   f"question, output, id (set data.bad_rows=skip")
+    with pytest.raises(DataError, match=r"^train\.jsonl row 1: missing key 'messages' \(data\.input_key\); the "
+                                        r"row has keys: m "):
+        build([{"m": []}], chatml_tokenizer, bad=BadRows("error"), input_key="messages", output_key=None,
+              apply_chat_template=True)
+    with pytest.raises(DataError, match=r"^train\.jsonl row 1: missing key 'output' \(data\.output_key\); the "
+                                        r"row has keys: input "):
+        build([{"input": "x"}], chatml_tokenizer, bad=BadRows("error"))
 
 
 def test_load_sft_data_holdout_mixing_and_caps(tmp_path, chatml_tokenizer):

@@ -136,11 +136,16 @@ def test_rows_lacking_the_key_are_named(tmp_path):
         def __call__(self, text, add_special_tokens=True):
             return {"input_ids": [ord(c) for c in text]}
 
-    path = write_jsonl(tmp_path / "p.jsonl", [{"question": "q1"}, {"question": "q2"}])
+    path = write_jsonl(tmp_path / "p.jsonl", [{"question": "q1", "answer": "a"}, {"question": "q2"}])
     with pytest.raises(DataError) as e:
         load_prompts(PromptDataConfig(prompt_data=[str(path)], input_key="input"), Chars(), 0)
+    # the option that names the key, and the keys the row has (the second row's answer is null in Arrow's table)
     assert str(e.value) == (f"{path}: none of its 2 rows is a usable prompt: missing_key: 2 rows skipped, e.g. "
-                            f"{path} row 1: missing key 'input'; {path} row 2: missing key 'input'")
+                            f"{path} row 1: missing key 'input' (data.input_key); the row has keys: question, "
+                            f"answer; {path} row 2: missing key 'input' (data.input_key); the row has keys: question")
+    path = write_jsonl(tmp_path / "p.jsonl", [{"input": "q1"}])
+    with pytest.raises(DataError, match=r"row 1: missing key 'label' \(data.label_key\); the row has keys: input "):
+        load_prompts(PromptDataConfig(prompt_data=[str(path)], label_key="label", bad_rows="error"), Chars(), 0)
 
 
 def test_csv_and_parquet_problems(tmp_path):

@@ -71,6 +71,26 @@ def test_bad_rows_are_skipped_with_file_and_row(chatml_tokenizer):
         build_pairs(rows, "pairs.jsonl", chatml_tokenizer, _cfg(DPOConfig, "max_len=32"), BadRows("error"))
 
 
+def test_a_pair_whose_chosen_equals_rejected_is_a_bad_row(chatml_tokenizer, tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"prompt": "1+1=", "chosen": "two", "rejected": "three"},
+        {"prompt": "2+2=", "chosen": "four", "rejected": "four"}]))
+    cfg = load_config(DPOConfig, None, ["pretrain=unused", f"dataset={path}"]).data
+    train, _, bad = load_pairs(cfg, chatml_tokenizer, seed=0)
+    assert [p.source for p in train] == [f"{path} row 1"] and bad.counts() == {"identical": 1}
+    assert bad.summary() == f"identical: 1 row skipped, e.g. {path} row 2: 'chosen' and 'rejected' are the same " \
+                            "response: the pair prefers nothing"
+    with pytest.raises(DataError, match=rf"^{path} row 2: 'chosen' and 'rejected' are the same response"):
+        load_pairs(load_config(DPOConfig, None, ["pretrain=unused", f"dataset={path}", "bad_rows=error"]).data,
+                   chatml_tokenizer, seed=0)
+    # chat: the rendered responses are compared (a string is one assistant message)
+    bad = BadRows("skip")
+    rows = [{"prompt": "3+3=", "chosen": [{"role": "assistant", "content": "six"}], "rejected": "six"}]
+    assert build_pairs(rows, "mem", chatml_tokenizer, _cfg(DPOConfig, "apply_chat_template=true"), bad) == []
+    assert bad.counts() == {"identical": 1}
+
+
 def test_truncation_policy(chatml_tokenizer):
     tok = chatml_tokenizer
     cfg = _cfg(DPOConfig, "max_len=12", "truncate_responses=true")
@@ -101,6 +121,36 @@ def test_margin_column(chatml_tokenizer, tmp_path):
     rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}]
     with pytest.raises(DataError, match="missing key 'm'"):
         build_pairs(rows, "mem", chatml_tokenizer, cfg, BadRows("error"), margin_key="m")
+
+
+def test_a_missing_key_names_its_option_and_the_keys_the_row_has(chatml_tokenizer, tmp_path):
+    from hpc_rlhf.config.preference import PRMConfig
+    from hpc_rlhf.data.process import load_process_data
+
+    def error(path, load, cls, *overrides, **kw) -> str:
+        cfg = load_config(cls, None, ["pretrain=unused", f"dataset={path}", "bad_rows=error", *overrides]).data
+        with pytest.raises(DataError) as e:
+            load(cfg, chatml_tokenizer, seed=0, **kw)
+        return str(e.value).split(" (set data.bad_rows=skip")[0]
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"question": "1+1=", "good": "2", "bad": "3"}) + "\n")
+    assert error(path, load_pairs, DPOConfig, "chosen_key=good", "rejected_key=bad") == \
+        f"{path} row 1: missing key 'prompt' (data.prompt_key); the row has keys: question, good, bad"
+    assert error(path, load_pairs, DPOConfig, "prompt_key=question", "chosen_key=good") == \
+        f"{path} row 1: missing key 'rejected' (data.rejected_key); the row has keys: question, good, bad"
+    assert error(path, load_pairs, DPOConfig, "prompt_key=question", "chosen_key=good", "rejected_key=bad",
+                 margin_key="m") == f"{path} row 1: missing key 'm' (objective.margin_key); the row has keys: " \
+                                    "question, good, bad"
+    assert error(path, load_pairs, DPOConfig, "apply_chat_template=true", "prompt_key=question",
+                 "rejected_key=bad") == f"{path} row 1: missing key 'chosen' (data.chosen_key); the row has " \
+                                        "keys: question, good, bad"
+    assert error(path, load_labelled, KTOConfig, "prompt_key=question", "completion_key=good") == \
+        f"{path} row 1: missing key 'label' (data.label_key); the row has keys: question, good, bad"
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text(json.dumps({"input": "a <|im_end|>", "steps": ["+"]}) + "\n")
+    assert error(steps, load_process_data, PRMConfig, "placeholder=<|im_end|>") == \
+        f"{steps} row 1: missing key 'labels' (data.label_key); the row has keys: input, steps"
 
 
 def test_chat_pairs_sharing_a_prompt_prefix(chatml_tokenizer):

@@ -72,6 +72,7 @@ def train_rank(tmp_path_factory) -> str:
     see: the config checks have passed and torch is loaded then (the policy is chosen as it loads)."""
     root = tmp_path_factory.mktemp("omp")
     (root / "m").mkdir()
+    (root / "m" / "tokenizer.json").write_text("{}")  # the config checks look for the tokenizer's files only
     (root / "d.jsonl").write_text('{"input": "1", "output": "2"}\n')
     args = ["train", "sft", f"pretrain={root / 'm'}", f"dataset={root / 'd.jsonl'}", f"ckpt_path={root / 'ckpt'}"]
     return ("import os; from hpc_rlhf import cli, commands; "

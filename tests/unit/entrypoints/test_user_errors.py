@@ -88,3 +88,16 @@ def test_rl_data_and_reward_errors(tmp_path):
         assert err.splitlines()[-1] == line
         if "reward_func" not in line:  # the run stops at reading its data: nothing else on stderr
             assert err.splitlines() == [line]
+
+
+@pytest.mark.usefixtures("_environ_kept")
+def test_score_names_the_option_of_a_missing_key_and_the_keys_the_row_has(tmp_path, capsys):
+    model = tmp_path / "rm"
+    model.mkdir()
+    (model / "tokenizer.json").write_text("{}")  # the rows are checked before the model loads
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "1+1=", "response": "2"}) + "\n" +
+                    json.dumps({"prompt": "2+2=", "answer": "4"}) + "\n")
+    assert main(["score", f"reward_pretrain={model}", f"input_path={rows}", f"output_path={tmp_path / 'o.jsonl'}"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"hpc-rlhf: {rows} row 2: missing key 'response' (data.response_key); the row has keys: prompt, answer"]

@@ -1,6 +1,7 @@
 """Model loading (dtype, checkpointing, LoRA, QLoRA), packing check, adapter save/merge, offline errors."""
 import argparse
 import json
+import os
 
 import pytest
 import torch
@@ -66,6 +67,25 @@ def test_load_tokenizer(llama, tmp_path):
     cfg_file.write_text(json.dumps(data))
     tok = load_tokenizer(str(tmp_path))
     assert tok.pad_token == "<|endoftext|>" and tok.padding_side == "right"
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused(llama, tmp_path):
+    # from a gemma config.json alone transformers builds a 5-token tokenizer that reads every word as <unk>
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
+    with pytest.raises(FileNotFoundError) as err:
+        load_tokenizer(str(bare))
+    assert str(err.value) == (f"model folder {bare} has no tokenizer: it needs tokenizer.json, or the vocabulary of "
+                              "a slow tokenizer (tokenizer.model, spiece.model, sentencepiece.bpe.model, spm.model, "
+                              "vocab.json, vocab.txt, tekken.json); copy the tokenizer files of the model it was "
+                              "trained from into it")
+    # a slow tokenizer's vocabulary is enough: GPT-2's BPE files, converted by transformers
+    bpe = json.loads(AutoTokenizer.from_pretrained(llama).backend_tokenizer.to_str())["model"]
+    (bare / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (bare / "vocab.json").write_text(json.dumps(bpe["vocab"]))
+    (bare / "merges.txt").write_text("#version: 0.2\n")
+    assert load_tokenizer(str(bare))("hello").input_ids == [104, 101, 108, 108, 111]
 
 
 # --- load_causal_lm ----------------------------------------------------------------------------------
@@ -147,6 +167,10 @@ def test_merge_lora_matches_peft(llama, tmp_path, capsys):
     assert not any("lora" in n for n, _ in merged.named_parameters())
     assert torch.allclose(_logits(merged), expected, atol=1e-5, rtol=0)
     assert merged.generation_config.eos_token_id == [256, 259]
+    mask = os.umask(0o022)
+    os.umask(mask)
+    want = oct(0o666 & ~mask)  # what the umask gives a new file: 0644 under 022 (safetensors writes 0600)
+    assert {oct(p.stat().st_mode & 0o777) for p in [*adapter.iterdir(), *out.iterdir()]} == {want}
 
     parser = argparse.ArgumentParser()
     add_lora_merge_args(parser)

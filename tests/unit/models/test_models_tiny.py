@@ -1,5 +1,6 @@
 """Byte-level tokenizer and tiny random models: build, save, reload."""
 import argparse
+import os
 
 import pytest
 import torch
@@ -103,3 +104,15 @@ def test_cli(tmp_path, capsys):
     expected = 2 * 260 * 32 + 4 * 32 * 32 + 3 * 32 * 48 + 3 * 32
     assert str(tmp_path / "m") in out and f"{expected:,} parameters" in out
     assert count_parameters(tmp_path / "m") == expected
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600)], ids=["umask022", "umask077"])
+def test_the_files_written_have_the_permissions_of_the_umask(tmp_path, mask, mode):
+    # safetensors writes model.safetensors 0600 whatever the umask: the project group could not read the model
+    old = os.umask(mask)
+    try:
+        out = build_tiny_model(tmp_path / "m", **SMALL)
+    finally:
+        os.umask(old)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    assert "model.safetensors" in modes and modes == dict.fromkeys(modes, oct(mode))

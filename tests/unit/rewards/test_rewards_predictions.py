@@ -162,6 +162,7 @@ def test_collector_sets_each_samples_prediction():
 
 def test_config_accepts_builtin_math_and_names_unknown_builtins(tmp_path):
     (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tokenizer.json").write_text("{}")  # the check looks for the tokenizer's files only
     (tmp_path / "p.jsonl").write_text('{"input": "1+1=", "label": "2"}\n')
     base = [f"pretrain={tmp_path / 'model'}", f"prompt_data={tmp_path / 'p.jsonl'}"]
     check_inputs(load_config(RLConfig, None, [*base, "reward_func=builtin:math"]))
