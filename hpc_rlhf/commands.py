@@ -20,10 +20,13 @@ from .config import load_config as parse_config
 from .config.base import leaf_values
 from .data.locate import check_source
 from .distributed.preemption import EXIT_STOPPED, RunStopped
+from .distributed import scratch
 from .distributed.rendezvous import restart_count
 from .logging import wandb_sink
 from .models.paths import resolve_pretrained, resolve_tokenizer
 from .rewards.builtins import check_reward_source
+
+log = logging.getLogger(__name__)
 
 TRAIN = "train "  # the trainers' commands: `hpc-rlhf train NAME`, also planned and submitted to SLURM
 
@@ -107,7 +110,8 @@ _CHECKS = {"model": resolve_pretrained, "tokenizer": resolve_tokenizer, "file": 
 USER_ERRORS = ("hpc_rlhf.config.base:ConfigError", "hpc_rlhf.data.rows:DataError",
                "hpc_rlhf.models.paths:HubOfflineError", "hpc_rlhf.rewards.errors:RewardError",
                "hpc_rlhf.agents.contract:AgentFileError", "hpc_rlhf.agents.executor:AgentError",
-               "hpc_rlhf.checkpoint.layout:CheckpointError", "hpc_rlhf.models.gguf:GGUFImportError")
+               "hpc_rlhf.checkpoint.layout:CheckpointError", "hpc_rlhf.models.gguf:GGUFImportError",
+               "hpc_rlhf.distributed.scratch:ScratchError")
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -128,6 +132,17 @@ def check_inputs(cfg) -> None:
                 check(item)
             except user_errors() as e:
                 raise ConfigError(f"{key}: {e}") from None
+
+
+def node_environment(cfg) -> None:
+    """This process's caches and offline flags on a cluster node (``distributed/scratch.py``), set before it loads
+    torch or a library that reads them: the caches with ``launch.node_local_caches``, the offline flags with
+    ``slurm.hf_offline`` (on for commands without a ``slurm`` section).  ScratchError for a folder that cannot be
+    used."""
+    slurm = getattr(cfg, "slurm", None)
+    added = scratch.prepare(cfg.launch.node_local_caches, slurm is None or slurm.hf_offline)
+    if added:
+        log.info("node environment: %s", " ".join(f"{k}={v}" for k, v in added.items()))
 
 
 def preflight(name: str, cfg) -> None:

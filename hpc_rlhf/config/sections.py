@@ -231,3 +231,7 @@ class LaunchConfig:
                                      "process already runs under torchrun or SLURM)")
     backend: Literal["auto", "gloo", "nccl"] = field("auto", help="torch.distributed backend (auto: nccl "
                                                                   "with CUDA, else gloo)")
+    node_local_caches: bool = field(True, help="in a SLURM job: the compile and datasets caches the environment does "
+                                               "not place (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, "
+                                               "TORCH_EXTENSIONS_DIR, VLLM_CACHE_ROOT, HF_DATASETS_CACHE) go to the "
+                                               "job's scratch folder on each node (docs/hpc.md)")

@@ -63,7 +63,9 @@ class SlurmConfig:
                                             "warnings); SLURM requeues preempted jobs (TERM) itself")
     signal_before_end_s: int = field(300, ge=0, help="sbatch --signal: USR1 this many seconds before the time limit")
     requeue: bool = field(True, help="sbatch --requeue, and rank 0 runs `scontrol requeue` after a requeue signal")
-    hf_offline: bool = field(True, help="export HF_HUB_OFFLINE=1 in the job (compute nodes without internet)")
+    hf_offline: bool = field(True, help="HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 in the job "
+                                        "(compute nodes without internet): exported by the script, and set by "
+                                        "every rank where unset")
     python: str = field("", help="the command that runs Python in the job, after `setup` (e.g. python, or "
                                  "apptainer exec --nv image.sif python); empty: the interpreter running "
                                  "plan/submit, by its absolute path")

@@ -27,12 +27,15 @@ def launch_or_run(name: str, config_path: str | None, rest: list[str]) -> int:
     """Command ``name`` on N local ranks when it needs several and no launcher started us; otherwise this
     process is one rank and runs it (the main rank prints the summary of a command that prints one).
 
-    The config, the paths it names and the checkpoints in its ckpt_path are checked first, in the launching
-    process before it starts any rank, and on every rank (under srun there is no launching process); only the
-    main rank reports a problem.  A trainer whose ckpt_path holds checkpoints it must neither resume nor
-    overwrite stops here (exit 2), before any model is loaded."""
+    In a SLURM job the node's caches and the offline flags are set first (``commands.node_environment``: a folder
+    that cannot be used stops every rank that finds it, with one line).  The config, the paths it names and the
+    checkpoints in its ckpt_path are checked next, in the launching process before it starts any rank, and on every
+    rank (under srun there is no launching process); only the main rank reports a problem.  A trainer whose
+    ckpt_path holds checkpoints it must neither resume nor overwrite stops here (exit 2), before any model is
+    loaded."""
     try:
         cfg = commands.load_config(name, config_path, rest)
+        commands.node_environment(cfg)  # before torch and the libraries that read it, and before the checks
         commands.preflight(name, cfg)
         plan = commands.placement_plan(name, cfg)
     except (ConfigError, CheckpointError):

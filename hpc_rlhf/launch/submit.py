@@ -74,7 +74,9 @@ class TrainTask:
         adopt_slurm_rendezvous()
         commands.setup_logging()
         name = commands.TRAIN + self.trainer
-        return commands.run(name, commands.load_config(name, self.config_path, self.overrides))
+        cfg = commands.load_config(name, self.config_path, self.overrides)
+        commands.node_environment(cfg)  # torch is loaded, but nothing yet that reads these variables
+        return commands.run(name, cfg)
 
 
 def submit(trainer: str, config_path: str | None, overrides: list[str] | None = None,

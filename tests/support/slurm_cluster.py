@@ -4,7 +4,8 @@ Loaded by ``pytest_plugins`` in tests/conftest.py.  Fixtures:
 
 ``slurm_cluster`` (session)
     Runs scripts/slurm/start_cluster.sh once per session (it reuses a cluster that is already
-    up) and yields a :class:`SlurmCluster`.  A cluster that a developer started stays up; one
+    up) and yields a :class:`SlurmCluster`, whose environment gives the jobs one ``TORCH_EXTENSIONS_DIR``
+    ($DIR/torch_extensions, unless the session sets one).  A cluster that a developer started stays up; one
     that a pytest session started is stopped when the last session using it ends (several
     sessions may share it), unless ``HPC_RLHF_SLURM_KEEP=1``.  When the cluster cannot start
     (not root, no apt, a daemon that dies) the test fails with the daemon logs in the message;
@@ -194,6 +195,11 @@ def slurm_cluster():
             (sessions / "started-by-pytest").touch()
 
     env = dict(re.findall(r"^export (\w+)=(.*)$", (state_dir / "env.sh").read_text(), re.M))
+    # one folder of torch extensions for every job of the cluster (the lean engine's few-row kernel takes 40-100 s
+    # to build here), as a site keeps a build for its jobs (docs/hpc.md); unset, each job would build its own in
+    # its scratch folder (hpc_rlhf/distributed/scratch.py)
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:
+        env["TORCH_EXTENSIONS_DIR"] = str(state_dir / "torch_extensions")
     cluster = SlurmCluster(dir=state_dir, conf=Path(env["SLURM_CONF"]), env=env, started_here=started)
     listed = cluster.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N"]).stdout.split()
     cluster.nodes = sorted(set(listed), key=lambda n: int(re.sub(r"\D", "", n) or 0))
