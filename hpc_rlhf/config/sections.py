@@ -230,3 +230,6 @@ class LaunchConfig:
                                      "process already runs under torchrun or SLURM)")
     backend: Literal["auto", "gloo", "nccl"] = field("auto", help="torch.distributed backend (auto: nccl "
                                                                   "with CUDA, else gloo)")
+    max_restarts: int = field(2, ge=0, help="SLURM: new steps the job's script starts inside its allocation, "
+                                         "from the last checkpoint, after a step failed (a rank killed, hung or "
+                                         "lost with its node); never after a user error (exit 2)")

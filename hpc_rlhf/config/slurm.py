@@ -64,6 +64,12 @@ class SlurmConfig:
     signal_before_end_s: int = field(300, ge=0, help="sbatch --signal: USR1 this many seconds before the time limit")
     requeue: bool = field(True, help="sbatch --requeue, and rank 0 runs `scontrol requeue` after a requeue signal")
     hf_offline: bool = field(True, help="export HF_HUB_OFFLINE=1 in the job (compute nodes without internet)")
+    spare_nodes: int = field(0, ge=0, help="nodes requested on top of the ranks' (homogeneous jobs with "
+                                         "slurm.roles.actor.nodes set), used only to replace a node that was lost "
+                                         "or failed twice")
+    on_node_loss: Literal["requeue", "end"] = field("requeue", help="a node lost with no spare left: requeue the "
+                                                                    "job (it resumes from the last checkpoint), or "
+                                                                    "end it")
     python: str = field("", help="the command that runs Python in the job, after `setup` (e.g. python, or "
                                  "apptainer exec --nv image.sif python); empty: the interpreter running "
                                  "plan/submit, by its absolute path")
