@@ -48,7 +48,8 @@ def _folder(env=None) -> Path | None:
 
 
 def _rank(env) -> str | None:
-    return env.get("RANK") or env.get("SLURM_PROCID")
+    """The global rank: SLURM's task id in the step (RANK is rewritten when a rank joins its role's world)."""
+    return env.get("SLURM_PROCID") or env.get("RANK")
 
 
 def note_start(env=None) -> None:

@@ -66,8 +66,10 @@ def _allocation(comps: list[JobComponent], slurm: SlurmConfig, log_dir: str, het
     opts = [o for o in res.sbatch_options() if not o.startswith("--nodes")]
     if all(nodes):
         opts.insert(0, f"--nodes={sum(nodes) + slurm.spare_nodes}")
+    # a spare node holds as many task slots as a node of the ranks, so that it can take over one's ranks
+    tasks = f"--ntasks-per-node={-(-total // sum(nodes))}" if slurm.spare_nodes else f"--ntasks={total}"
     out.append(f"#SBATCH {' '.join(_header(slurm, log_dir, array))}")
-    out.append(f"#SBATCH --ntasks={total} {' '.join(opts)}")
+    out.append(f"#SBATCH {tasks} {' '.join(opts)}")
     return out
 
 
@@ -116,7 +118,8 @@ def render(comps: list[JobComponent], slurm: SlurmConfig, command: list[str], lo
     lines.append(f"CMD=({cmd})")
     # the step, started again inside the allocation when it fails; {step_dir}: each step's log folder
     steps = shlex.join([*python_command(slurm), "-m", "hpc_rlhf.cli", "steps", "--log-dir", log_dir,
-                        "--max-restarts", str(max_restarts), "--spare-nodes", str(slurm.spare_nodes),
+                        "--ntasks", str(sum(c.ntasks for c in comps)), "--max-restarts", str(max_restarts),
+                        "--spare-nodes", str(slurm.spare_nodes),
                         "--on-node-loss", slurm.on_node_loss, "--"])
     common = "srun --kill-on-bad-exit=1 --unbuffered"
     if het:

@@ -99,15 +99,18 @@ def decide(policy: Policy, rc: int, record: StepRecord, placement: Placement, lo
         return Next("end", 2, f"{who} stopped on a user error (exit 2): not retried; the rank logs say which")
     if (record.exits and not record.killed and set(record.exits.values()) == {3}) or (rc == 3 and not record.exits):
         return Next("end", 3, "the ranks stopped on a signal after writing a checkpoint")
+    if not record.hosts and not lost:
+        return Next("end", rc or 1, f"srun started no rank (exit {rc}): a step that cannot start is not retried; "
+                                    "srun's lines above say why")
     why, host = culprit(record)
-    placement.bad |= set(lost)
-    if host is not None and host not in lost:
+    if lost:  # the ranks there died with it; the others were killed by SLURM: no node is to blame but these
+        placement.bad |= set(lost)
+        why = f"lost node{'s' if len(lost) > 1 else ''} {', '.join(lost)}"
+    elif host is not None:
         placement.failures[host] += 1
         if placement.failures[host] >= 2 and len(placement.usable()) > placement.needed:
             placement.bad.add(host)
             why += f"; {host} failed twice and a spare replaces it"
-    if lost:
-        why += f"; lost node{'s' if len(lost) > 1 else ''} {', '.join(lost)}"
     if restarts_done >= policy.max_restarts:
         return Next("end", rc or 1, f"the step failed (exit {rc}): {why}; restarts spent "
                                     f"(launch.max_restarts={policy.max_restarts})")
@@ -121,11 +124,14 @@ def decide(policy: Policy, rc: int, record: StepRecord, placement: Placement, lo
                                f"{policy.max_restarts} from the last checkpoint")
 
 
-def step_command(srun: list[str], step_dir: Path, nodes: list[str] | None) -> list[str]:
-    """``srun`` with ``{step_dir}`` filled in, on ``nodes`` when given."""
+def step_command(srun: list[str], step_dir: Path, nodes: list[str] | None, ntasks: int | None = None) -> list[str]:
+    """``srun`` with ``{step_dir}`` filled in; on ``nodes`` when given, with ``ntasks`` tasks (an allocation with
+    spare nodes holds more task slots than the ranks)."""
     cmd = [a.replace("{step_dir}", str(step_dir)) for a in srun]
     if nodes is not None:
         cmd[1:1] = [f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}"]
+        if ntasks:
+            cmd.insert(3, f"--ntasks={ntasks}")
     return cmd
 
 
@@ -138,6 +144,13 @@ def job_nodes(job: str) -> list[str] | None:
         return None
     lists = re.findall(r"(?:^|\s)NodeList=(\S+)", out)
     return [n for spec in lists if spec != "(null)" for n in expand_hostlist(spec)] if lists else None
+
+
+def allocation_nodes(env) -> list[str]:
+    """The job's nodes in SLURM's order: every component's, in a heterogeneous job."""
+    het = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in env.items() if k.startswith("SLURM_JOB_NODELIST_HET_GROUP_"))
+    specs = [v for _, v in het] or [env["SLURM_JOB_NODELIST"]]
+    return list(dict.fromkeys(n for spec in specs for n in expand_hostlist(spec)))
 
 
 def policy_of_command(srun: list[str], given: dict) -> Policy:
@@ -162,10 +175,10 @@ def policy_of_command(srun: list[str], given: dict) -> Policy:
     return Policy(**{**found, **{k: v for k, v in given.items() if v is not None}})
 
 
-def run(srun: list[str], policy: Policy, log_dir: Path, env=None) -> int:
+def run(srun: list[str], policy: Policy, log_dir: Path, env=None, ntasks: int | None = None) -> int:
     env = dict(os.environ if env is None else env)
     job, attempt = env["SLURM_JOB_ID"], restart_count(env)
-    nodes = expand_hostlist(env["SLURM_JOB_NODELIST"])
+    nodes = allocation_nodes(env)
     if policy.spare_nodes >= len(nodes):
         print(f"hpc-rlhf steps: slurm.spare_nodes={policy.spare_nodes} leaves none of the job's {len(nodes)} nodes "
               "for the ranks", flush=True)
@@ -176,8 +189,8 @@ def run(srun: list[str], policy: Policy, log_dir: Path, env=None) -> int:
         step_dir.mkdir(parents=True, exist_ok=True)
         on = placement.step_nodes()
         print(f"hpc-rlhf: job {job} attempt {attempt}" + (f" restart {k}" if k else "") +
-              f" on {','.join(on) if on else env['SLURM_JOB_NODELIST']}, rank logs in {step_dir}", flush=True)
-        rc = subprocess.call(step_command(srun, step_dir, on),
+              f" on {','.join(on or nodes)}, rank logs in {step_dir}", flush=True)
+        rc = subprocess.call(step_command(srun, step_dir, on, ntasks),
                              env={**env, steprecord.STEP_DIR: str(step_dir), steprecord.STEP_RESTART: str(k)})
         now = job_nodes(job) if rc else None
         lost = [n for n in nodes if now is not None and n not in now and n not in placement.bad]
@@ -192,6 +205,8 @@ def run(srun: list[str], policy: Policy, log_dir: Path, env=None) -> int:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-dir", required=True, help="where the rank logs go: LOG_DIR/JOBID/attempt-R[/restart-K]/")
+    p.add_argument("--ntasks", type=int, default=None, help="the ranks (with spare nodes the allocation holds more "
+                   "task slots: the script `hpc-rlhf plan` writes gives it)")
     p.add_argument("--max-restarts", type=int, default=None, help="default: launch.max_restarts of the step's "
                    "config (2)")
     p.add_argument("--spare-nodes", type=int, default=None, help="default: slurm.spare_nodes of the step's config (0)")
@@ -208,4 +223,9 @@ def main(args, rest: list[str]) -> int:
         print("hpc-rlhf steps: runs inside a SLURM job (its batch script): SLURM_JOB_ID is not set", file=sys.stderr)
         return 2
     given = {"max_restarts": args.max_restarts, "spare_nodes": args.spare_nodes, "on_node_loss": args.on_node_loss}
-    return run(srun, policy_of_command(srun, given), Path(args.log_dir))
+    policy = policy_of_command(srun, given)
+    if policy.spare_nodes and not args.ntasks:
+        print(f"hpc-rlhf steps: slurm.spare_nodes={policy.spare_nodes} needs --ntasks (the ranks of a step)",
+              file=sys.stderr)
+        return 2
+    return run(srun, policy, Path(args.log_dir), ntasks=args.ntasks)

@@ -16,8 +16,9 @@ def test_a_rank_notes_its_node_exit_code_and_the_verdict_once(tmp_path):
     steprecord.note_verdict(3, "gpu7", "rank 3 (roles reward) failed: DataError: row 4", env)
     steprecord.note_verdict(0, "gpu1", "no heartbeat from rank 0", env)
     steprecord.note_start({**env, "RANK": "5"})
+    steprecord.note_exit(0, {**env, "RANK": "0", "SLURM_PROCID": "6"})  # RANK as a role's world has it: 0
     rec = steprecord.read(tmp_path)
-    assert rec.hosts == {3: "gpu7", 5: "gpu7"} and rec.exits == {3: 2}
+    assert rec.hosts == {3: "gpu7", 5: "gpu7"} and rec.exits == {3: 2, 6: 0}
     assert rec.verdict == (3, "gpu7", "rank 3 (roles reward) failed: DataError: row 4")
     assert rec.killed == [5]
 

@@ -98,15 +98,16 @@ def test_het_script_one_block_per_role_group():
 
 
 def test_the_script_runs_its_step_through_the_step_runner_with_spare_nodes_on_top():
-    """3 ranks on 2 nodes plus 1 spare: the allocation asks for 3 nodes and --no-kill (it outlives a lost node);
-    `hpc-rlhf steps` gets the restart options and the step's srun with its log folder left open ({step_dir})."""
+    """3 ranks on 2 nodes plus 1 spare: the allocation asks for 3 nodes of 2 task slots each (a spare can take
+    over a node's ranks) and --no-kill (it outlives a lost node); `hpc-rlhf steps` gets the ranks, the restart
+    options and the step's srun with its log folder left open ({step_dir})."""
     cfg = load_config(SFTConfig, None, ["pretrain=/x", "dataset=d.jsonl", "nproc=3", "slurm.roles.actor.nodes=2",
                                         "slurm.spare_nodes=1", "launch.max_restarts=4", "slurm.on_node_loss=end"])
     script = render(components(cfg), cfg.slurm, ["python", "-m", "hpc_rlhf.cli", "train", "sft"], "/l",
                     max_restarts=cfg.launch.max_restarts)
-    assert "#SBATCH --ntasks=3 --nodes=3 --cpus-per-task=1" in script and " --no-kill " in script
-    assert (" -m hpc_rlhf.cli steps --log-dir /l --max-restarts 4 --spare-nodes 1 --on-node-loss end -- srun "
-            "--kill-on-bad-exit=1") in script
+    assert "#SBATCH --ntasks-per-node=2 --nodes=3 --cpus-per-task=1" in script and " --no-kill " in script
+    assert (" -m hpc_rlhf.cli steps --log-dir /l --ntasks 3 --max-restarts 4 --spare-nodes 1 --on-node-loss end "
+            "-- srun --kill-on-bad-exit=1") in script
     assert '--output="{step_dir}/rank-%t.log" "${CMD[@]}" || rc=$?\nexit "${rc:-0}"\n' in script
 
 

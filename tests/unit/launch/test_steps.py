@@ -12,7 +12,7 @@ import pytest
 
 from hpc_rlhf.distributed import steprecord
 from hpc_rlhf.distributed.steprecord import StepRecord
-from hpc_rlhf.launch.steps import Placement, Policy, decide, policy_of_command, run, step_command
+from hpc_rlhf.launch.steps import Placement, Policy, allocation_nodes, decide, policy_of_command, run, step_command
 
 NODES = ["n1", "n2", "n3"]
 
@@ -87,9 +87,21 @@ def test_a_lost_node_without_a_spare_requeues_the_job_or_ends_it(on_loss, action
     assert nxt.action == action and "2 good nodes of the 3 the ranks need" in nxt.why
 
 
-def test_a_step_without_any_record_still_restarts():
-    nxt = decide(Policy(), 1, StepRecord(), Placement(NODES, 3), [], 0)
+def test_a_step_whose_ranks_say_nothing_restarts_and_one_that_started_no_rank_ends():
+    nxt = decide(Policy(), 1, StepRecord(hosts={0: "n1", 1: "n2"}), Placement(NODES, 3), [], 0)
+    assert nxt.action == "restart" and "rank 0 was killed (it left no exit code)" in nxt.why
+    nxt = decide(Policy(), 1, StepRecord(hosts={0: "n1"}, exits={0: 0}), Placement(NODES, 3), [], 0)
     assert nxt.action == "restart" and "no rank said why" in nxt.why
+    # srun refused the step ("More processors requested than permitted"): the same step would fail again
+    nxt = decide(Policy(), 1, StepRecord(), Placement(NODES, 3), [], 0)
+    assert (nxt.action, nxt.rc) == ("end", 1) and "srun started no rank" in nxt.why
+
+
+def test_the_allocation_holds_every_components_nodes():
+    assert allocation_nodes({"SLURM_JOB_NODELIST": "n[1-2]"}) == ["n1", "n2"]
+    het = {"SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NODELIST_HET_GROUP_0": "n1",
+           "SLURM_JOB_NODELIST_HET_GROUP_10": "g[1-2]", "SLURM_JOB_NODELIST_HET_GROUP_2": "n[3,1]"}
+    assert allocation_nodes(het) == ["n1", "n3", "g1", "g2"]
 
 
 def test_the_step_command_fills_in_its_folder_and_its_nodes():
@@ -97,6 +109,8 @@ def test_the_step_command_fills_in_its_folder_and_its_nodes():
     assert step_command(srun, Path("/l/7/attempt-0"), None) == [
         "srun", "--kill-on-bad-exit=1", "--output=/l/7/attempt-0/rank-%t.log", "python", "-m", "x"]
     assert step_command(srun, Path("/d"), ["n1", "n3"])[:3] == ["srun", "--nodes=2", "--nodelist=n1,n3"]
+    assert step_command(srun, Path("/d"), ["n1", "n3"], 3)[:4] == ["srun", "--nodes=2", "--nodelist=n1,n3",
+                                                                    "--ntasks=3"]
 
 
 def test_the_policy_comes_from_the_flags_then_the_steps_config(tmp_path):

@@ -111,7 +111,7 @@ def test_the_array_script_is_homogeneous_and_picks_the_config_by_task_id(base_ya
     assert f'POINT_CONFIG="{tmp_path}/sw/configs/$(printf %03d "$SLURM_ARRAY_TASK_ID").yaml"' in s
     assert 'CMD=(python -m hpc_rlhf.cli train rl --config "$POINT_CONFIG")' in s
     # each element's step, started again after a failure, logs into sw/logs/JOBID/attempt-N[/restart-K]
-    assert f"python -m hpc_rlhf.cli steps --log-dir {tmp_path}/sw/logs --max-restarts 2 " in s
+    assert f"python -m hpc_rlhf.cli steps --log-dir {tmp_path}/sw/logs --ntasks 3 --max-restarts 2 " in s
     cfgs = p.configs
     assert [(c.algo.advantage_estimator, c.train.actor_learning_rate) for c in cfgs] == [
         ("group_norm", 1e-3), ("group_norm", 3e-3), ("rloo", 1e-3), ("rloo", 3e-3)]
