@@ -61,7 +61,8 @@ def first_line_time(path: Path, pattern: str, timeout: float) -> float:
 
 
 def rank_pid(job: str, rank: int, timeout: float = 120, step: int = 0) -> int:
-    """The process of global rank `rank` of the job's step `step` (found by its SLURM environment)."""
+    """The process of global rank `rank` of the job's step `step` (found by its SLURM environment): `hpc-rlhf train`,
+    or submitit's task running it."""
     deadline = time.time() + timeout
     want = {f"SLURM_JOB_ID={job}".encode(), f"SLURM_PROCID={rank}".encode(), f"SLURM_STEP_ID={step}".encode()}
     while time.time() < deadline:
@@ -73,7 +74,7 @@ def rank_pid(job: str, rank: int, timeout: float = 120, step: int = 0) -> int:
                 cmd = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if want <= env and b"hpc_rlhf.cli" in cmd:
+            if want <= env and (b"hpc_rlhf.cli" in cmd or b"submitit.core._submit" in cmd):
                 return int(entry.name)
         time.sleep(0.2)
     raise AssertionError(f"no process of rank {rank} in job {job}")

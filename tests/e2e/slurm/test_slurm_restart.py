@@ -68,8 +68,9 @@ def test_a_killed_rank_is_restarted_in_the_allocation_and_the_run_matches_an_uni
         slurm_cluster, tmp_path, async_train, path):
     """3-rank GRPO (actor+reference, reward, rollout: a heterogeneous job), a checkpoint every step: SIGKILL to the
     rollout rank after step 5 of 12.  The job's script starts a new step in the same job, which resumes from the
-    step-5 checkpoint and finishes; every step's metrics equal those of the same job run without the kill.  The
-    script `hpc-rlhf plan` writes (sync training) and the submitit path (async training)."""
+    newest intact checkpoint (step 5, or 4 while step 5's was being written) and finishes; every step's metrics
+    equal those of the same job run without the kill.  The script `hpc-rlhf plan` writes (sync training) and the
+    submitit path (async training)."""
     logs = tmp_path / "logs"
 
     def submit(name: str) -> str:
@@ -95,7 +96,7 @@ def test_a_killed_rank_is_restarted_in_the_allocation_and_the_run_matches_an_uni
     restarted = logs / job / "attempt-0" / "restart-1"
     log0 = (restarted / "actor+reference-0.log").read_text()
     m = re.search(r"resumed from \S+global_step(\d+) at step (\d+)", log0)
-    assert m and m.group(2) == "5", log0[-3000:]
+    assert m and m.group(2) in ("4", "5"), log0[-3000:]  # step 5's checkpoint may still be in writing at the kill
     assert_same_metrics(rows(tmp_path / "cut"), rows(tmp_path / "whole"))
     attempts = [json.loads(x) for x in (tmp_path / "cut" / "attempts.jsonl").read_text().splitlines()]
     assert [(a["job_id"], a["step_restart"]) for a in attempts if a["event"] == "start"] == [(job, 0), (job, 1)]
