@@ -9,6 +9,7 @@ import sys
 from .commands import setup_logging, user_errors
 from .config import ConfigError
 from .distributed.rendezvous import adopt_slurm_rendezvous
+from .distributed.steprecord import note_exit
 from .entrypoints import demo, pipelines, tools, train
 
 
@@ -48,6 +49,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit code; inside a step of `hpc-rlhf steps` also noted for it (distributed/steprecord.py)."""
+    try:
+        code = _main(argv)
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code if isinstance(e.code, int) else 1
+        note_exit(code)
+        raise
+    except BaseException:
+        note_exit(1)
+        raise
+    note_exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     adopt_slurm_rendezvous()  # inside an srun step: RANK, WORLD_SIZE, MASTER_ADDR/PORT from SLURM
     setup_logging()

@@ -21,7 +21,7 @@ from .config.base import leaf_values
 from .data.locate import check_source
 from .distributed.preemption import EXIT_STOPPED, RunStopped
 from .distributed import scratch
-from .distributed.rendezvous import restart_count
+from .distributed.rendezvous import restarted
 from .logging import wandb_sink
 from .models.paths import resolve_pretrained, resolve_tokenizer
 from .rewards.builtins import check_reward_source
@@ -152,7 +152,7 @@ def preflight(name: str, cfg) -> None:
     if getattr(getattr(cfg, "log", None), "use_wandb", False) and (missing := wandb_sink.check_installed()):
         raise ConfigError(missing)
     if name.startswith(TRAIN):
-        choose(cfg.ckpt, dump_yaml(cfg), restart_count() > 0, report=False)
+        choose(cfg.ckpt, dump_yaml(cfg), restarted(), report=False)
 
 
 def run(name: str, cfg):

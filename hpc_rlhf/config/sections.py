@@ -235,3 +235,6 @@ class LaunchConfig:
                                                "not place (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, "
                                                "TORCH_EXTENSIONS_DIR, VLLM_CACHE_ROOT, HF_DATASETS_CACHE) go to the "
                                                "job's scratch folder on each node (docs/hpc.md)")
+    max_restarts: int = field(2, ge=0, help="SLURM: new steps the job's script starts inside its allocation, "
+                                         "from the last checkpoint, after a step failed (a rank killed, hung or "
+                                         "lost with its node); never after a user error (exit 2)")

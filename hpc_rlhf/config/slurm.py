@@ -66,6 +66,12 @@ class SlurmConfig:
     hf_offline: bool = field(True, help="HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 in the job "
                                         "(compute nodes without internet): exported by the script, and set by "
                                         "every rank where unset")
+    spare_nodes: int = field(0, ge=0, help="nodes requested on top of the ranks' (homogeneous jobs with "
+                                         "slurm.roles.actor.nodes set), used only to replace a node that was lost "
+                                         "or failed twice")
+    on_node_loss: Literal["requeue", "end"] = field("requeue", help="a node lost with no spare left: requeue the "
+                                                                    "job (it resumes from the last checkpoint), or "
+                                                                    "end it")
     python: str = field("", help="the command that runs Python in the job, after `setup` (e.g. python, or "
                                  "apptainer exec --nv image.sif python); empty: the interpreter running "
                                  "plan/submit, by its absolute path")

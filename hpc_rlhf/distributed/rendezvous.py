@@ -17,6 +17,8 @@ import os
 import re
 import sys
 
+from .steprecord import note_start, step_restart
+
 # 20000-32767: below Linux's default ephemeral range (32768-60999), from which the kernel takes the local port
 # of every outgoing connection; a rendezvous port there can be held by any client socket on the node
 # (EADDRINUSE, seen on the local test cluster at 35838)
@@ -46,6 +48,12 @@ def in_slurm_step(env=None) -> bool:
 def restart_count(env=None) -> int:
     env = os.environ if env is None else env
     return int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def restarted(env=None) -> bool:
+    """Whether this run starts again after its job was requeued or its step failed: it resumes from the newest
+    intact checkpoint, whatever config wrote it (checkpoint/existing.py:choose)."""
+    return restart_count(env) > 0 or step_restart(env) > 0
 
 
 def rendezvous_port(job: int, step: int, restart: int) -> int:
@@ -81,6 +89,7 @@ def adopt_slurm_rendezvous() -> bool:
         return False
     values = slurm_rendezvous()
     os.environ.update(values)
+    note_start()  # for the job's step runner (launch/steps.py), when it runs this step
     if "OMP_NUM_THREADS" in values and "torch" in sys.modules:  # else torch reads the variable as it loads
         sys.modules["torch"].set_num_threads(int(values["OMP_NUM_THREADS"]))
     return True

@@ -28,6 +28,8 @@ import time
 
 import torch.distributed as dist
 
+from .steprecord import note_exit, note_verdict
+
 _VERDICT = "hb/verdict"  # "CULPRIT_RANK why"
 _ENDED = "hb/ended"  # how many ranks have ended on the verdict
 
@@ -95,7 +97,8 @@ class Watchdog:
         first_line = (str(error).splitlines() or [""])[0]
         why = f"rank {self.rank} ({self.describe(self.rank)}) failed: {type(error).__name__}: {first_line}"
         try:
-            publish_verdict(self._store, self.rank, why)
+            if publish_verdict(self._store, self.rank, why) == (self.rank, why):
+                note_verdict(self.rank, self._host(self.rank), why)
             self._store.add(_ENDED, 1)
         except Exception:  # the store is gone with its host: the peers' watchdogs find out on their own
             return
@@ -164,7 +167,10 @@ class Watchdog:
         if store_alive:
             try:
                 if culprit is not None:
+                    ours = why
                     _, why = publish_verdict(self._store, culprit, why)
+                    if why == ours:
+                        note_verdict(culprit, self._host(culprit), why)
                 self._store.add(_ENDED, 1)
             except Exception:
                 store_alive = False
@@ -174,6 +180,7 @@ class Watchdog:
             self.on_die(why)
         if store_alive:
             self._linger()
+        note_exit(1)
         os._exit(1)
 
     def _linger(self) -> None:

@@ -155,6 +155,16 @@ def add_sweep_args(w: argparse.ArgumentParser) -> None:
     w.add_argument("--dry-run", action="store_true", help="check and print the runs and the script; write nothing")
 
 
+def cmd_steps(args: argparse.Namespace, rest: list[str]) -> int:
+    from ..launch.steps import main
+    return main(args, rest)
+
+
+def add_steps_args(s: argparse.ArgumentParser) -> None:
+    from ..launch.steps import add_args
+    add_args(s)
+
+
 def add_options_args(o: argparse.ArgumentParser) -> None:
     o.add_argument("--write", action="store_true", help="rewrite docs/options.md")
 
@@ -170,4 +180,7 @@ SUBCOMMANDS = [
                         "hpc-rlhf sweep rl --config FILE --grid KEY=V1,V2 ...", add_sweep_args, cmd_sweep,
                takes_rest=True, light=True),
     Subcommand("options", "print the option reference (docs/options.md)", add_options_args, cmd_options, light=True),
+    Subcommand("steps", "in a SLURM job's script: run its srun step, and again inside the allocation from the last "
+                        "checkpoint when it fails: hpc-rlhf steps --log-dir DIR -- srun ...", add_steps_args,
+               cmd_steps, takes_rest=True, light=True),
 ]

@@ -1,7 +1,6 @@
 """`hpc-rlhf plan`: the placement, the memory per role and the sbatch script of a job; submits nothing."""
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
@@ -11,11 +10,7 @@ from ..generation.specs import SHARED
 from ..models.shape import model_shape
 from . import memory
 from .job import JobComponent, components, is_hetjob
-from .sbatch import render
-
-
-def python_command(slurm) -> list[str]:
-    return shlex.split(slurm.python) if slurm.python.strip() else [sys.executable]
+from .sbatch import python_command, render
 
 
 def train_command(cfg, trainer: str, config_path: str | None, overrides: list[str]) -> list[str]:
@@ -140,7 +135,8 @@ def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[s
 
 def job_script(cfg, trainer: str, plan, config_path: str | None, overrides: list[str]) -> str:
     log_dir = str(Path(cfg.slurm.log_dir).resolve())
-    return render(components(cfg, plan), cfg.slurm, train_command(cfg, trainer, config_path, overrides), log_dir)
+    return render(components(cfg, plan), cfg.slurm, train_command(cfg, trainer, config_path, overrides), log_dir,
+                  max_restarts=cfg.launch.max_restarts)
 
 
 def run_plan(trainer: str, cfg, plan, config_path: str | None, overrides: list[str], script_only: bool) -> int:

@@ -66,6 +66,7 @@ class Attempt:
     array_job_id: str | None = None
     array_task_id: str | None = None
     restart: int | None = None  # SLURM_RESTART_COUNT
+    step_restart: int = 0  # K: the K-th new step inside that allocation (launch/steps.py)
     host: str | None = None
     pid: int | None = None
     pid_start: int | None = None
@@ -114,6 +115,7 @@ def read_attempts(path: Path) -> tuple[list[Attempt], int]:
             for key in ("job_id", "array_job_id", "array_task_id", "restart", "host", "pid", "pid_start",
                         "world_size", "ckpt_path", "log_dir"):
                 setattr(a, key, row.get(key))
+            a.step_restart = row.get("step_restart") or 0
         elif event == "steps":
             a.start_step, a.total_steps = row.get("start_step"), row.get("total_steps")
             a.trainer, a.loop_started = row.get("trainer"), row.get("time")
@@ -171,11 +173,17 @@ def batch_output_by_attempt(text: str) -> dict[int, str]:
     return {k: "\n".join(v) for k, v in parts.items()}
 
 
-def attempt_log_errors(log_dir: Path, job_id: str, restart: int) -> list[dict]:
+def step_folder(log_dir: Path, job_id: str, restart: int, step_restart: int = 0) -> Path:
+    """The rank logs of a job's start ``restart`` and its new step ``step_restart`` (launch/steps.py)."""
+    folder = Path(log_dir) / job_id / f"attempt-{restart}"
+    return folder / f"restart-{step_restart}" if step_restart else folder
+
+
+def attempt_log_errors(log_dir: Path, job_id: str, restart: int, step_restart: int = 0) -> list[dict]:
     """The last error line of each rank log of one SLURM attempt and of its part of the batch output, oldest
     file first (by modification time)."""
     found = []
-    folder = log_dir / job_id / f"attempt-{restart}"
+    folder = step_folder(log_dir, job_id, restart, step_restart)
     files = sorted(folder.glob("*.log")) if folder.is_dir() else []
     for f in files:
         line = last_error_line(_tail(f))
@@ -191,16 +199,22 @@ def attempt_log_errors(log_dir: Path, job_id: str, restart: int) -> list[dict]:
 
 def _unrecorded_attempts(attempts: list[Attempt]) -> list[Attempt]:
     """SLURM attempt folders of the recorded jobs that the record has no start row for."""
-    known = {(a.job_id, a.restart) for a in attempts}
+    known = {(a.job_id, a.restart, a.step_restart) for a in attempts}
     extra = []
     for job_id, log_dir in dict.fromkeys((a.job_id, a.log_dir) for a in attempts if a.job_id and a.log_dir):
         folder = Path(log_dir) / job_id
         for d in folder.glob("attempt-*") if folder.is_dir() else []:
-            if not d.name[len("attempt-"):].isdigit() or (job_id, int(d.name[len("attempt-"):])) in known:
+            if not d.name[len("attempt-"):].isdigit():
                 continue
-            times = [p.stat().st_mtime for p in d.iterdir()] or [d.stat().st_mtime]
-            extra.append(Attempt(number=0, recorded=False, started=min(times), job_id=job_id,
-                                 restart=int(d.name[len("attempt-"):]), log_dir=log_dir))
+            restart = int(d.name[len("attempt-"):])
+            steps = [(0, d)] + [(int(s.name[len("restart-"):]), s) for s in d.glob("restart-*")
+                                if s.name[len("restart-"):].isdigit()]
+            for k, s in steps:
+                if (job_id, restart, k) in known:
+                    continue
+                times = [p.stat().st_mtime for p in s.iterdir() if p.is_file()] or [s.stat().st_mtime]
+                extra.append(Attempt(number=0, recorded=False, started=min(times), job_id=job_id, restart=restart,
+                                     step_restart=k, log_dir=log_dir))
     return extra
 
 
@@ -346,7 +360,7 @@ def run_status(path: str | Path, ckpt_path: str | Path | None = None,
     for i, a in enumerate(attempts, 1):
         a.number = i
         if a.job_id and a.log_dir and a.restart is not None:
-            a.log_errors = attempt_log_errors(Path(a.log_dir), a.job_id, a.restart)
+            a.log_errors = attempt_log_errors(Path(a.log_dir), a.job_id, a.restart, a.step_restart)
             a.log_error = a.log_errors[-1] if a.log_errors else None
     rows, bad_rows = read_rows(run_dir / METRICS)
     rows_time = (run_dir / METRICS).stat().st_mtime if rows else None
@@ -460,7 +474,8 @@ def _clock(t: float | None, now: float) -> str:
 def _where(a: dict) -> str:
     if a["job_id"]:
         array = f" ({a['array_job_id']}_{a['array_task_id']})" if a["array_task_id"] else ""
-        return f"job {a['job_id']}{array} restart {a['restart']}" + (f" on {a['host']}" if a["host"] else "")
+        again = f" (new step {a['step_restart']} in the allocation)" if a.get("step_restart") else ""
+        return f"job {a['job_id']}{array} restart {a['restart']}{again}" + (f" on {a['host']}" if a["host"] else "")
     return f"pid {a['pid']} on {a['host']}" if a["pid"] else "?"
 
 

@@ -29,10 +29,11 @@ import submitit  # noqa: E402
 from submitit.slurm import slurm as submitit_slurm  # noqa: E402
 
 from .. import commands  # noqa: E402
+from ..config import ConfigError  # noqa: E402
 from ..distributed.rendezvous import adopt_slurm_rendezvous  # noqa: E402
+from ..distributed.steprecord import note_exit  # noqa: E402
 from .job import JobComponent, components  # noqa: E402
-from .plan import python_command  # noqa: E402
-from .sbatch import render  # noqa: E402
+from .sbatch import python_command, render  # noqa: E402
 
 
 class HetAwareWatcher(submitit_slurm.SlurmInfoWatcher):
@@ -50,16 +51,16 @@ class HpcRlhfJob(submitit_slurm.SlurmJob):
 class HpcRlhfExecutor(submitit.SlurmExecutor):
     job_class = HpcRlhfJob
 
-    def __init__(self, folder: str | Path, comps: list[JobComponent], slurm_cfg, log_dir: str):
+    def __init__(self, folder: str | Path, comps: list[JobComponent], slurm_cfg, log_dir: str, max_restarts: int):
         # requeues are ours to decide, not submitit's; the tasks run slurm.python (or this interpreter)
         super().__init__(folder=folder, max_num_timeout=10 ** 6, python=shlex.join(python_command(slurm_cfg)))
-        self.comps, self.slurm_cfg, self.log_dir = comps, slurm_cfg, log_dir
+        self.comps, self.slurm_cfg, self.log_dir, self.max_restarts = comps, slurm_cfg, log_dir, max_restarts
 
     def _num_tasks(self) -> int:
         return sum(c.ntasks for c in self.comps)
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        script = render(self.comps, self.slurm_cfg, shlex.split(command), self.log_dir)
+        script = render(self.comps, self.slurm_cfg, shlex.split(command), self.log_dir, max_restarts=self.max_restarts)
         return script.replace("set -euo pipefail\n", "set -euo pipefail\nexport SUBMITIT_EXECUTOR=slurm\n", 1)
 
 
@@ -71,12 +72,23 @@ class TrainTask:
     overrides: list[str] = field(default_factory=list)
 
     def __call__(self) -> dict:
+        """The rank's final metrics; its exit code noted for the job's step runner (distributed/steprecord.py) as
+        `hpc-rlhf train` would exit: 2 for a user error, 3 stopped by a signal, else 1."""
         adopt_slurm_rendezvous()
         commands.setup_logging()
         name = commands.TRAIN + self.trainer
-        cfg = commands.load_config(name, self.config_path, self.overrides)
-        commands.node_environment(cfg)  # torch is loaded, but nothing yet that reads these variables
-        return commands.run(name, cfg)
+        try:
+            cfg = commands.load_config(name, self.config_path, self.overrides)
+            commands.node_environment(cfg)  # torch is loaded, but nothing yet that reads these variables
+            result = commands.run(name, cfg)
+        except SystemExit as e:
+            note_exit(e.code if isinstance(e.code, int) else 1)
+            raise
+        except Exception as e:
+            note_exit(2 if isinstance(e, (ConfigError, *commands.user_errors())) else 1)
+            raise
+        note_exit(0)
+        return result
 
 
 def submit(trainer: str, config_path: str | None, overrides: list[str] | None = None,
@@ -90,5 +102,6 @@ def submit(trainer: str, config_path: str | None, overrides: list[str] | None = 
     Path(log_dir).mkdir(parents=True, exist_ok=True)  # sbatch opens LOG_DIR/JOBID.out before the script runs
     folder = Path(folder or Path(log_dir) / "submitit")
     config_path = str(Path(config_path).resolve()) if config_path else None
-    executor = HpcRlhfExecutor(folder, components(cfg, commands.placement_plan(name, cfg)), cfg.slurm, log_dir)
+    executor = HpcRlhfExecutor(folder, components(cfg, commands.placement_plan(name, cfg)), cfg.slurm, log_dir,
+                               cfg.launch.max_restarts)
     return executor.submit(TrainTask(trainer, config_path, overrides))

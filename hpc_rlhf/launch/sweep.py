@@ -32,8 +32,7 @@ from ..config import ConfigError, dump_yaml
 from ..config.base import resolve_key
 from ..reports.sweep import MANIFEST
 from .job import JobComponent, Resources, components
-from .plan import python_command
-from .sbatch import Raw, render
+from .sbatch import Raw, python_command, render
 
 SEED_KEY = "train.seed"
 
@@ -204,7 +203,7 @@ def array_script(cfg, plan, trainer: str, sweep_dir: Path, n_runs: int, max_para
                'echo "hpc-rlhf sweep: array element $SLURM_ARRAY_TASK_ID runs $POINT_CONFIG"']
     command = [*python_command(cfg.slurm), "-m", "hpc_rlhf.cli", "train", trainer, "--config", Raw('"$POINT_CONFIG"')]
     return render(comps, slurm, command, str(sweep_dir / "logs"), array=array_spec(n_runs, max_parallel),
-                  prelude=prelude)
+                  prelude=prelude, max_restarts=cfg.launch.max_restarts)
 
 
 # -- the sweep ----------------------------------------------------------------------------------------------

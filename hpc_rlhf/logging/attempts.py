@@ -4,7 +4,8 @@ main rank (global rank 0) and never rewritten.  `hpc-rlhf status` reads it (`lau
 Each (re)start of a run appends, in this order:
 
 - ``{"event": "start", ...}`` when the rank enters its trainer (`trainers/lifecycle.py`): the SLURM job id,
-  array job and task ids and restart count (null outside SLURM), host, pid and the pid's start time (so that a
+  array job and task ids and restart count (null outside SLURM), the new step inside the allocation
+  (``step_restart``: 0, or K for the K-th restart by `launch/steps.py`), host, pid and the pid's start time (so that a
   reader on the same host can tell whether that very process still runs), world size, the resolved
   ``ckpt_path`` and, under SLURM, the resolved ``slurm.log_dir`` (where the rank logs of the attempt are);
 - ``{"event": "steps", "start_step": S, "total_steps": T, "trainer": NAME}`` when the step loop begins
@@ -26,6 +27,8 @@ import os
 import socket
 import time
 from pathlib import Path
+
+from ..distributed.steprecord import step_restart
 
 log = logging.getLogger("hpc_rlhf.attempts")
 
@@ -65,6 +68,7 @@ def identity(environ: dict | None = None) -> dict:
     job = slurm("SLURM_JOB_ID")
     return {"job_id": job, "array_job_id": slurm("SLURM_ARRAY_JOB_ID"), "array_task_id": slurm("SLURM_ARRAY_TASK_ID"),
             "restart": int(restart) if restart else (0 if job else None),
+            "step_restart": step_restart(env),
             "host": env.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
             "pid_start": process_start_ticks(os.getpid()), "world_size": int(env.get("WORLD_SIZE", "1"))}
 

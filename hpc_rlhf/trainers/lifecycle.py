@@ -18,7 +18,7 @@ from ..distributed.collectives import max_over_ranks
 from ..distributed.env import read_env
 from ..distributed.process_group import init_distributed, shutdown
 from ..distributed.preemption import RunStopped, StopRequest
-from ..distributed.rendezvous import restart_count
+from ..distributed.rendezvous import restarted
 from ..distributed.watchdog import from_torch_distributed
 from ..distributed.worlds import join, leave
 from ..engines.deepspeed_strategy import configure_deepspeed_env
@@ -105,14 +105,14 @@ def resume(engines: dict, cfg, is_main: bool, rank: int | None = None,
     the same checkpoint before any loads it.  The main rank moves the old checkpoints aside for
     ``ckpt.start_over`` and renames the damaged ones newer than the checkpoint loaded, so that no later save
     counts them among the ``max_ckpt_num`` it keeps (which could remove the intact one)."""
-    ckpt, restarted = cfg.ckpt, restart_count() > 0
-    if ckpt.start_over and not restarted:
+    ckpt, again = cfg.ckpt, restarted()
+    if ckpt.start_over and not again:
         moved = move_aside(ckpt.ckpt_path) if is_main else None
         if moved is not None:
             log.warning("ckpt.start_over: moved the checkpoints of %s into %s; starting from step 0",
                         ckpt.ckpt_path, moved)
         return None
-    path, damaged = choose(ckpt, dump_yaml(cfg), restarted, report=is_main)
+    path, damaged = choose(ckpt, dump_yaml(cfg), again, report=is_main)
     step = step_of(path) if path is not None else 0
     low, high = -agree(-step), agree(step)
     if low != high:

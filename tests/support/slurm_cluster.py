@@ -120,8 +120,10 @@ class SlurmCluster:
             ctl = self.run(["scontrol", "-o", "show", "job", str(job_id)], check=False).stdout
             ctl_states = re.findall(r"\bJobState=(\S+)", ctl)
             if all(s in FINAL_STATES for s in ctl_states):
-                rows = self.run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "State"]).stdout.split("\n")
-                states = [r.split()[0] for r in rows if r.strip()]
+                rows = self.run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "JobID,State"]).stdout.split("\n")
+                # a job that lost a node under --no-kill has a RESIZING record before its last one: the last counts
+                last = dict(r.split("|", 1) for r in rows if r.strip())
+                states = [v.split()[0] for v in last.values()]
                 if states and len(states) >= len(ctl_states) and all(s in FINAL_STATES for s in states):
                     return ",".join(dict.fromkeys(states))
             if time.monotonic() > deadline:

@@ -12,41 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from rl_fixtures import make_assets, merged
+from rl_fixtures import merged
 from sft_fixtures import losses, sft_config, with_paths
+from slurm_jobs import first_line_time, grpo_config, job_script, rank_pid, wait_steps, write_yaml
 
 pytestmark = pytest.mark.slow
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def write_yaml(path: Path, config: dict) -> Path:
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def job_script(cluster, trainer: str, config: Path, *overrides: str) -> Path:
-    """`hpc-rlhf plan --script-only`, saved next to the config (what a user would sbatch)."""
-    (config.parent / "logs").mkdir(exist_ok=True)
-    proc = cluster.run([PY, "-m", "hpc_rlhf.cli", "plan", trainer, "--config", str(config), "--script-only",
-                        f"slurm.python={PY}", *overrides], timeout=120)
-    path = config.with_suffix(".sbatch")
-    path.write_text(proc.stdout)
-    return path
-
-
-def grpo_config(root: Path, steps: int) -> dict:
-    """GRPO whose roles form three components: actor+reference, reward, rollout (one node each)."""
-    return merged(make_assets(root),
-                  rollout={"n_samples_per_prompt": 4, "rollout_batch_size": 4, "generate_max_len": 6},
-                  train={"train_batch_size": 16, "micro_train_batch_size": 8, "max_steps": steps, "num_episodes": 3,
-                         "actor_learning_rate": 1e-2},
-                  algo={"advantage_estimator": "group_norm", "init_kl_coef": 0.001, "use_kl_loss": True},
-                  placement={"colocate_actor_ref": True, "dead_rank_timeout_s": 20},
-                  log={"logging_steps": 1, "progress_bar": "off", "check_weight_sync": True,
-                       "use_tensorboard": False},
-                  slurm={"hetjob": "always", "time": "00:10:00"})
 
 
 def run_launcher(cluster, name: str, config: Path, *overrides: str, timeout: float = 400) -> dict:
@@ -98,24 +70,6 @@ def test_grpo_as_a_heterogeneous_job_through_submitit_learns(slurm_cluster, tmp_
     print(f"GRPO het job: {time.time() - t0:.1f} s, reward mean first 5 {first:.3f} -> last 5 {last:.3f}")
 
 
-def _wait_steps(save: Path, n: int, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if (save / "metrics.jsonl").exists() and len(losses(save)) >= n:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"fewer than {n} logged steps in {save} after {timeout} s")
-
-
-def _first_line_time(path: Path, pattern: str, timeout: float) -> float:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if path.exists() and re.search(pattern, path.read_text()):
-            return time.time()
-        time.sleep(0.1)
-    raise AssertionError(f"{pattern!r} never appeared in {path}")
-
-
 def test_time_limit_signal_and_preemption_requeue_and_resume_exactly(slurm_cluster, tmp_path):
     """USR1 (sbatch --signal's time-limit warning): the ranks checkpoint and rank 0 requeues.  Then
     `scontrol requeue` (what preemption does): SIGTERM, checkpoint, SLURM requeues.  The job that
@@ -128,15 +82,15 @@ def test_time_limit_signal_and_preemption_requeue_and_resume_exactly(slurm_clust
     logs = tmp_path / "logs"
     job = slurm_cluster.sbatch(job_script(slurm_cluster, "sft", cut, f"slurm.log_dir={logs}"))
 
-    _wait_steps(tmp_path / "cut", 3)
+    wait_steps(tmp_path / "cut", 3)
     t_signal = time.time()
     slurm_cluster.run(["scancel", "--signal=USR1", job])
-    t_resumed = _first_line_time(logs / job / "attempt-1" / "rank-0.log", r"resumed from .*global_step", 180)
+    t_resumed = first_line_time(logs / job / "attempt-1" / "rank-0.log", r"resumed from .*global_step", 180)
     first_stop = max(losses(tmp_path / "cut"))
 
-    _wait_steps(tmp_path / "cut", first_stop + 3)
+    wait_steps(tmp_path / "cut", first_stop + 3)
     slurm_cluster.run(["scontrol", "requeue", job])
-    _first_line_time(logs / job / "attempt-2" / "rank-0.log", r"resumed from .*global_step", 180)
+    first_line_time(logs / job / "attempt-2" / "rank-0.log", r"resumed from .*global_step", 180)
     assert slurm_cluster.wait_done(job, timeout=300) == "COMPLETED", (logs / f"{job}.out").read_text()
 
     # (the batch script itself is killed by the requeue, so the ranks' logs tell what happened)
@@ -151,37 +105,20 @@ def test_time_limit_signal_and_preemption_requeue_and_resume_exactly(slurm_clust
     print(f"USR1 at step {first_stop}: signal -> resumed in attempt 1 after {t_resumed - t_signal:.1f} s")
 
 
-def _rank_pid(job: str, rank: int, timeout: float = 120) -> int:
-    """The process of global rank `rank` of the job's step (found by its SLURM environment)."""
-    deadline = time.time() + timeout
-    want = {f"SLURM_JOB_ID={job}".encode(), f"SLURM_PROCID={rank}".encode(), b"SLURM_STEP_ID=0"}
-    while time.time() < deadline:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                env = set((entry / "environ").read_bytes().split(b"\0"))
-                cmd = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if want <= env and b"hpc_rlhf.cli" in cmd:
-                return int(entry.name)
-        time.sleep(0.2)
-    raise AssertionError(f"no process of rank {rank} in job {job}")
-
-
 def test_a_killed_rank_ends_the_job_fast_and_is_named(slurm_cluster, tmp_path):
+    """With no restart allowed (launch.max_restarts=0) a killed rank ends the job within seconds, every log naming
+    it; tests/e2e/slurm/test_slurm_restart.py restarts it."""
     config = merged(grpo_config(tmp_path, 200), ckpt={"save_path": str(tmp_path / "grpo"),
                                                      "ckpt_path": str(tmp_path / "grpo_ckpt")})
     logs = tmp_path / "logs"
     job = slurm_cluster.sbatch(job_script(slurm_cluster, "rl", write_yaml(tmp_path / "grpo.yaml", config),
-                                          f"slurm.log_dir={logs}"))
+                                          f"slurm.log_dir={logs}", "launch.max_restarts=0"))
     _wait_steps_rl = tmp_path / "grpo" / "metrics.jsonl"
     deadline = time.time() + 240
     while not (_wait_steps_rl.exists() and _wait_steps_rl.read_text().count("\n") >= 2):
         assert time.time() < deadline, "the job never logged two steps"
         time.sleep(0.2)
-    pid = _rank_pid(job, 2)  # the rollout component
+    pid = rank_pid(job, 2)  # the rollout component
     t_kill = time.time()
     os.kill(pid, signal.SIGKILL)
     state = slurm_cluster.wait_done(job, timeout=90)
@@ -189,5 +126,7 @@ def test_a_killed_rank_ends_the_job_fast_and_is_named(slurm_cluster, tmp_path):
     assert state not in ("COMPLETED", "RUNNING") and took < 60, (state, took)
     rank_logs = "".join(p.read_text() for p in (logs / job / "attempt-0").iterdir())
     assert re.search(r"rank 2 \(roles rollout, host node\d\)", rank_logs), rank_logs[-4000:]
-    assert "the step failed" in (logs / f"{job}.out").read_text()
+    out = (logs / f"{job}.out").read_text()
+    assert re.search(r"the step failed \(exit \d+\): no heartbeat from rank 2 \(roles rollout, host node\d\); "
+                     r"restarts spent \(launch.max_restarts=0\)", out), out
     print(f"killed rank 2 (rollout): job {state} {took:.1f} s later")

@@ -97,6 +97,32 @@ def test_het_script_one_block_per_role_group():
     assert "hetjob" not in plain and "#SBATCH --ntasks=3 --cpus-per-task=1" in plain
 
 
+def test_the_script_runs_its_step_through_the_step_runner_with_spare_nodes_on_top():
+    """3 ranks on 2 nodes plus 1 spare: the allocation asks for 3 nodes of 2 task slots each (a spare can take
+    over a node's ranks) and --no-kill (it outlives a lost node); `hpc-rlhf steps` gets the ranks, the restart
+    options and the step's srun with its log folder left open ({step_dir})."""
+    cfg = load_config(SFTConfig, None, ["pretrain=/x", "dataset=d.jsonl", "nproc=3", "slurm.roles.actor.nodes=2",
+                                        "slurm.spare_nodes=1", "launch.max_restarts=4", "slurm.on_node_loss=end"])
+    script = render(components(cfg), cfg.slurm, ["python", "-m", "hpc_rlhf.cli", "train", "sft"], "/l",
+                    max_restarts=cfg.launch.max_restarts)
+    assert "#SBATCH --ntasks-per-node=2 --nodes=3 --cpus-per-task=1" in script and " --no-kill " in script
+    assert (" -m hpc_rlhf.cli steps --log-dir /l --ntasks 3 --max-restarts 4 --spare-nodes 1 --on-node-loss end "
+            "-- srun --kill-on-bad-exit=1") in script
+    assert '--output="{step_dir}/rank-%t.log" "${CMD[@]}" || rc=$?\nexit "${rc:-0}"\n' in script
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["slurm.spare_nodes=1"], "slurm.roles.<role>.nodes"),
+    (["slurm.spare_nodes=1", "slurm.roles.actor.nodes=1", "slurm.hetjob=always"], "homogeneous"),
+])
+def test_spare_nodes_need_a_homogeneous_job_with_its_node_count(overrides, message):
+    from hpc_rlhf.config import ConfigError
+    from hpc_rlhf.trainers.placement import plan_from_config
+    cfg = _rl_cfg(*overrides)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("<", "<")):
+        render(components(cfg, plan_from_config(cfg)), cfg.slurm, ["python"], "/logs")
+
+
 def test_script_is_valid_bash():
     cfg = load_config(SFTConfig, None, ["pretrain=/x", "dataset=d.jsonl", "nproc=4", "slurm.hetjob=never"])
     script = render(components(cfg), cfg.slurm, ["python", "-m", "hpc_rlhf.cli", "train", "sft", "a b"], "/l")

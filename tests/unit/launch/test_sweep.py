@@ -105,12 +105,13 @@ def test_the_array_script_is_homogeneous_and_picks_the_config_by_task_id(base_ya
     assert not (tmp_path / "sw").exists()  # planning writes nothing
     s = p.script
     assert "hetjob" not in s and "--het-group" not in s  # SLURM has no heterogeneous job arrays
-    assert "#SBATCH --job-name=hpc-rlhf --array=0-3%2 " in s and " --requeue --signal=USR1@300" in s
+    assert "#SBATCH --job-name=hpc-rlhf --array=0-3%2 " in s and " --requeue --no-kill --signal=USR1@300" in s
     # one allocation of the plan's 3 ranks, each with the most CPUs a group asks for (rollout: 2)
     assert "#SBATCH --ntasks=3 --cpus-per-task=2\n" in s
     assert f'POINT_CONFIG="{tmp_path}/sw/configs/$(printf %03d "$SLURM_ARRAY_TASK_ID").yaml"' in s
     assert 'CMD=(python -m hpc_rlhf.cli train rl --config "$POINT_CONFIG")' in s
-    assert f'ATTEMPT_DIR="{tmp_path}/sw/logs/${{SLURM_JOB_ID}}/attempt-${{SLURM_RESTART_COUNT:-0}}"' in s
+    # each element's step, started again after a failure, logs into sw/logs/JOBID/attempt-N[/restart-K]
+    assert f"python -m hpc_rlhf.cli steps --log-dir {tmp_path}/sw/logs --ntasks 3 --max-restarts 2 " in s
     cfgs = p.configs
     assert [(c.algo.advantage_estimator, c.train.actor_learning_rate) for c in cfgs] == [
         ("group_norm", 1e-3), ("group_norm", 3e-3), ("rloo", 1e-3), ("rloo", 3e-3)]
