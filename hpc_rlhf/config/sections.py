@@ -221,6 +221,13 @@ class LogConfig:
     wandb_run_name: str = field("", help="W&B run name (empty: the save_path folder's name)")
     check_weight_sync: bool = field(False, help="RL: after every weight sync, log checksums of the weights the "
                                                 "actor sent and each rollout rank loaded (costs a pass over them)")
+    sync_receipt: bool = field(True, help="RL: after every weight sync, compare each rollout engine's log-probs of a "
+                                          "fixed 16-token probe with the actor's; past sync_receipt_tolerance the run "
+                                          "stops naming the engine's first tensor that differs from the one sent "
+                                          "(docs/rl.md)")
+    sync_receipt_tolerance: float | None = field(None, gt=0, help="RL: the largest |engine - actor| log-prob of the "
+                                                                  "probe that passes (null: 0.01 with "
+                                                                  "model.param_dtype fp32, 1.0 with bf16)")
     progress_bar: Literal["auto", "on", "off"] = field("auto", help="progress bar with ETA (auto: only on "
                                                                     "a terminal; plain lines otherwise)")
 

@@ -125,9 +125,23 @@ class RolloutEngine(abc.ABC):
         self.finish_weight_update()
 
     @abc.abstractmethod
+    def probe_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """log p(response_ids[i] | prompt_ids + response_ids[:i]) for each i, teacher-forced, under the weights the
+        next ``generate`` uses and through the same computation (temperature 1, no filtering): what the weight
+        sync's receipt compares with the actor's (``roles/sync.py``)."""
+
+    @abc.abstractmethod
+    def part_checksums(self) -> dict[str, float] | None:
+        """``tensor_part_checksum`` of each weight the engine generates with, by Hugging Face name (or, for an
+        engine that repacks them, of each tensor it loaded); None where the engine keeps none."""
+
     def state_checksum(self) -> float:
-        """``tensor_checksum`` of the weights the engine generates with (or, for an engine that repacks
-        them, of the tensors its last update loaded)."""
+        """``tensor_checksum`` of the weights: ``combine_checksums`` of ``part_checksums``."""
+        parts = self.part_checksums()
+        if parts is None:
+            raise RuntimeError(f"{type(self).__name__} keeps no checksums of its weights (built without "
+                               f"track_checksums)")
+        return combine_checksums(parts)
 
     def sleep(self) -> None:
         """Release memory the engine can rebuild (caches, possibly weights) while the trainer runs."""

@@ -1,6 +1,7 @@
 """Rollout engine on a plain transformers causal LM: batched, KV-cached, per-sample seeded sampling."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import random
 from collections.abc import Iterable
@@ -8,7 +9,7 @@ from collections.abc import Iterable
 import torch
 from transformers import AutoModelForCausalLM
 
-from .engine import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, tensor_checksum
+from .engine import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, tensor_part_checksum
 from .specs import TRANSFORMERS
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -137,18 +138,39 @@ class HFEngine(RolloutEngine):
         # Longest first, so each chunk holds prompts of similar length; results go back in input order.
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         out: list[Completion | None] = [None] * len(prompts)
+        with self._inference():
+            for start in range(0, len(order), self.max_batch_size):
+                idx = order[start:start + self.max_batch_size]
+                done = self._generate_batch([prompts[i] for i in idx], params, [seeds[i] for i in idx])
+                for i, c in zip(idx, done):
+                    out[i] = c
+        return out  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def _inference(self):
+        """The model in eval mode without gradients, its mode restored after."""
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                for start in range(0, len(order), self.max_batch_size):
-                    idx = order[start:start + self.max_batch_size]
-                    done = self._generate_batch([prompts[i] for i in idx], params, [seeds[i] for i in idx])
-                    for i, c in zip(idx, done):
-                        out[i] = c
+                yield
         finally:
             self.model.train(was_training)
-        return out  # type: ignore[return-value]
+
+    def probe_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """The prompt prefilled, then one decode step per response token, through the hooks ``generate`` uses."""
+        dev = self.device
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=dev)
+        pos = torch.arange(len(prompt_ids), device=dev)[None]
+        out = []
+        with self._inference():
+            logits, cache = self._prefill(ids, torch.ones_like(ids), pos, len(prompt_ids) + len(response_ids))
+            for k, token in enumerate(response_ids):
+                out.append(torch.log_softmax(logits[0], dim=-1)[token])
+                if k + 1 < len(response_ids):
+                    logits = self._decode(cache, torch.tensor([[token]], device=dev), pos[:, -1:] + k + 1)
+            self._release(cache)
+        return torch.stack(out).tolist()
 
     def _forward(self, ids, mask, pos, past):
         kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=past,
@@ -295,8 +317,8 @@ class HFEngine(RolloutEngine):
         for name, t in named_tensors:
             targets[name].data = t  # a tied alias takes the view of the name that comes last: both are written
 
-    def state_checksum(self) -> float:
-        return tensor_checksum(self.model.named_parameters())
+    def part_checksums(self) -> dict[str, float]:
+        return {name: tensor_part_checksum(p) for name, p in self.model.named_parameters()}
 
     def sleep(self) -> None:
         if self.device.type == "cuda":

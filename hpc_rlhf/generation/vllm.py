@@ -28,8 +28,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .engine import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, combine_checksums, \
-    tensor_part_checksum
+from .engine import FINISH_LENGTH, FINISH_STOP, Completion, RolloutEngine, SamplingParams, tensor_part_checksum
 from . import vllm_reload as reload
 from .specs import VLLM
 
@@ -144,16 +143,26 @@ class VllmEngine(RolloutEngine):
             self._loaded.update(self._pending)
         super().finish_weight_update()
 
-    def state_checksum(self) -> float:
-        """Checksum of the tensors vLLM loaded (from the folder, then from each update): the backend keeps
+    def part_checksums(self) -> dict[str, float] | None:
+        """Checksums of the tensors vLLM loaded (from the folder, then from each update): the backend keeps
         its weights fused and repacked, so they cannot be read back in Hugging Face layout.  That the
-        loaded weights are the ones used is checked by greedy parity with the trainer (tests).  Needs
-        ``track_checksums`` (``log.check_weight_sync`` in `train rl`)."""
+        loaded weights are the ones used is checked by greedy parity with the trainer (tests) and by the
+        probe's log-probs (``probe_logprobs``).  None without ``track_checksums`` (``log.check_weight_sync`` in
+        `train rl`)."""
         if not self.track_checksums:
-            raise RuntimeError("VllmEngine.state_checksum needs track_checksums=True")
+            return None
         if self._loaded is None:  # no update yet: the model folder's tensors
             self._loaded = _folder_checksums(self.model_path)
-        return combine_checksums(self._loaded)
+        return dict(self._loaded)
+
+    def probe_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """vLLM's prompt log-probs of prompt and response as one prompt (one token generated and dropped)."""
+        from vllm import SamplingParams as VllmParams
+        from vllm import TokensPrompt
+        tokens = [*prompt_ids, *response_ids]
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=tokens)],
+                                VllmParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)[0]
+        return [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[len(prompt_ids):], response_ids)]
 
     def close(self) -> None:
         """Stop vLLM's engine core (and its worker processes under tensor parallelism)."""

@@ -12,7 +12,7 @@ The phases of an RL step, from the timers of ``trainers/rl.py``, ``trainers/rl_c
 - training: ``time/train_s`` (actor and critic updates);
 - weight sync: ``time/weight_sync_s`` less ``time/weight_sync_wait_s``, the actor leader's wait for rollout
   ranks of their own to join the broadcast, which counts as generation (under ``train.async_train`` they are
-  still generating the next step's samples);
+  still generating the next step's samples), plus ``time/sync_receipt_s``, the sync's receipt;
 - other: the rest of ``time/step_s`` (the commit's metrics exchange, and whatever the timers leave out).
 
 The eval (``time/eval_s``) and checkpoints happen outside ``time/step_s``: they are not among the phases.
@@ -39,7 +39,7 @@ def phase_split(row: dict) -> dict[str, float] | None:
     sync = float(row.get("time/weight_sync_s", 0.0))
     wait = min(float(row.get("time/weight_sync_wait_s", 0.0)), sync)
     parts = {"generation": generation + wait,
-             "weight sync": sync - wait,
+             "weight sync": sync - wait + float(row.get("time/sync_receipt_s", 0.0)),
              "log-probs and reward": collect - generation + float(row.get("time/infer_advantages_s", 0.0)),
              "training": float(row.get("time/train_s", 0.0))}
     parts["other"] = max(float(total) - sum(parts.values()), 0.0)

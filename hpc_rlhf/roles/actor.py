@@ -40,6 +40,12 @@ class Actor:
         return logprobs_per_sample(self.engine, samples, t.micro_train_batch_size, self.pad_id, self.device,
                                    self.temperature, self.share_prompts, t.share_prompts_min_positions)
 
+    def probe_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """The response's log-probs at temperature 1, as the rollout engine reports them (``RolloutEngine.
+        probe_logprobs``); collective over the actor's world under ZeRO-3."""
+        probe = Experience(0, 0, list(prompt_ids), list(response_ids), [], "length", "", "", None)
+        return logprobs_per_sample(self.engine, [probe], 1, self.pad_id, self.device, 1.0, False)[0]
+
     def _micro_loss(self, samples: list[Experience], batch: RLBatch, norm, shared: SharedPrompts | None = None):
         logits = shared.logits(samples, batch) if shared else self._logits(batch)
         logp = response_logprobs(logits, batch, self.temperature)

@@ -94,7 +94,7 @@ class RLRun:
                      * (r.rollout_batch_size * r.n_samples_per_prompt // t.train_batch_size))
         self.roles = build_roles(cfg, ctx, self.algo, opt_steps, self.tokenizer, device_for(read_env()))
         self.collector = Collector(cfg, ctx, self.roles.rollout, self.roles.reward, self.schedule, eval_prompts)
-        self.sync = WeightSync(cfg.model, cfg.log.check_weight_sync, ctx, self.roles.actor, self.roles.rollout)
+        self.sync = WeightSync(cfg.model, cfg.log, ctx, self.roles.actor, self.roles.rollout, len(self.tokenizer))
         self.best: dict | None = None  # {"metric", "value", "step"} of the model in save_path/best
 
     def _shard(self, role: str, samples: list[Experience]) -> list[Experience]:

@@ -33,6 +33,7 @@ def test_every_sync_delivers_the_actor_weights(ppo_run):
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     for m in metrics:
         assert m["sync/checksum_loaded/0"] == pytest.approx(m["sync/checksum_sent"], rel=1e-12, abs=1e-9)
+        assert m["sync/receipt_max_abs_diff"] < 1e-5  # the receipt: the engine's probe log-probs are the actor's
     sums = [m["sync/checksum_sent"] for m in metrics]
     assert len(set(sums)) == len(sums)  # the weights changed every step
     for key in ("critic/loss", "actor/loss", "kl", "reward/mean"):
@@ -96,6 +97,7 @@ def test_two_actor_ranks_match_one(assets):
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-6)
         assert a["actor/loss"] == pytest.approx(b["actor/loss"], abs=1e-5)
         assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-4)
+        assert a["sync/receipt_max_abs_diff"] < 1e-5 and b["sync/receipt_max_abs_diff"] < 1e-5  # each rank's own
 
 
 @pytest.mark.slow  # two runs; the unit tests of SharedPrompts (test_shared_prompts.py) are in the default suite
@@ -154,6 +156,7 @@ def test_zero3_actor_ranks_broadcast_to_a_separate_rollout_rank(assets):
         assert m["sync/checksum_loaded/0"] == pytest.approx(m["sync/checksum_sent"], rel=1e-12, abs=1e-9)
         # the leader's wait for the rollout rank to join is timed apart from the sync (report.py: generation)
         assert 0 <= m["time/weight_sync_wait_s"] <= m["time/weight_sync_s"]
+        assert m["sync/receipt_max_abs_diff"] < 1e-5  # the probe's actor log-probs gathered over both ranks
     assert metrics[0]["sync/checksum_sent"] != metrics[1]["sync/checksum_sent"]
 
 

@@ -23,4 +23,5 @@ def test_lora_actor_syncs_merged_layers_only(tmp_path):
         # the loaded weights (engine: all of its parameters) are the sent ones (every tensor sent so far)
         assert r["sync/checksum_loaded/0"] == pytest.approx(r["sync/checksum_sent"], rel=1e-12)
         assert r["sync/numel_sent"] == linear < full
+        assert r["sync/receipt_max_abs_diff"] < 1e-5  # the adapter's forward and the merged weights agree
     assert rows[-1]["sync/checksum_sent"] != rows[0]["sync/checksum_sent"]  # the adapter trained

@@ -77,6 +77,17 @@ def test_update_weights_parity_and_checksum(engine, models):
     assert [c.token_ids for c in _greedy(engine)] == [c.token_ids for c in _greedy(transformers_engine(models[0]))]
 
 
+def test_probe_logprobs_follow_the_weights_it_generates_with(engine, models):
+    """vLLM's prompt log-probs of the probe's response tokens: the transformers engine's, before and after a weight
+    update (what the weight sync's receipt compares with the actor's)."""
+    from transformers import AutoModelForCausalLM
+    prompt, response = [72, 101, 108, 108, 111, 32, 9, 1], [200, 13, 40, 7]
+    for which in (1, 0):  # to the other weights and back
+        engine.update_weights(AutoModelForCausalLM.from_pretrained(models[which]).named_parameters())
+        want = transformers_engine(models[which]).probe_logprobs(prompt, response)
+        assert engine.probe_logprobs(prompt, response) == pytest.approx(want, abs=1e-3)
+
+
 def test_partial_update_keeps_the_other_weights(engine, models):
     """A LoRA sync sends only the merged linear layers: the engine must keep its embeddings and norms."""
     from transformers import AutoModelForCausalLM

@@ -38,6 +38,7 @@ def test_rl_with_vllm(assets, placement, model, train):
         else:
             assert r["actor/mismatch/max_abs_diff"] > 1e-3  # the trainer is one update ahead of the sampler
         assert r["time/weight_sync_s"] < 5
+        assert r["sync/receipt_max_abs_diff"] < 1e-3  # the receipt: vLLM's prompt log-probs of the probe, fp32
     if model:  # LoRA: after the first sync only the merged linear layers travel
         from transformers import AutoModelForCausalLM
         base = AutoModelForCausalLM.from_pretrained(config["model"]["pretrain"])

@@ -78,8 +78,11 @@ class FakeEngine(RolloutEngine):
     def load_weights(self, named_tensors):
         raise NotImplementedError
 
-    def state_checksum(self):
-        return 0.0
+    def probe_logprobs(self, prompt_ids, response_ids):
+        raise NotImplementedError
+
+    def part_checksums(self):
+        return None
 
 
 # ---- environments: a forwarding agent file whose behaviour is a class of this module ------------------------

@@ -167,8 +167,11 @@ def _engine_class():
         def load_weights(self, named_tensors):
             raise RuntimeError("the scripted engine has no weights")
 
-        def state_checksum(self):
-            return 0.0
+        def probe_logprobs(self, prompt_ids, response_ids):
+            raise RuntimeError("the scripted engine has no weights")
+
+        def part_checksums(self):
+            return None
 
     return ScriptedEngine
 

@@ -139,6 +139,25 @@ def test_logprobs_match_full_forward(engine):
             assert c.logprobs == pytest.approx(want, abs=1e-4)
 
 
+@pytest.mark.parametrize("arch,lean", [("llama", True), ("llama", False), ("gpt2", False)])
+def test_probe_logprobs_match_full_forward(model_dirs, arch, lean):
+    """The prompt prefilled, the response teacher-forced one decode step at a time: each token's log-prob is the
+    full forward's; the lean engine takes weights loaded after its first pass (its packed copies follow)."""
+    eng = transformers_engine(model_dirs[(arch, 0)], lean=lean)
+    assert (type(eng).__name__ == "LeanEngine") == lean
+    prompt, response = [72, 101, 108, 108, 111, 32, 9], [200, 13, 40, 7]
+
+    def full_forward(model):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([prompt + response])).logits[0].float(), dim=-1)
+        return [logp[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(response)]
+    assert eng.probe_logprobs(prompt, response) == pytest.approx(full_forward(eng.model), abs=1e-4)
+    if arch == "llama":
+        other = AutoModelForCausalLM.from_pretrained(model_dirs[(arch, 1)])
+        eng.update_weights(other.named_parameters())
+        assert eng.probe_logprobs(prompt, response) == pytest.approx(full_forward(other), abs=1e-4)
+
+
 def test_load_weights_and_checksum(model_dirs):
     eng = transformers_engine(model_dirs[("llama", 0)])
     other = transformers_engine(model_dirs[("llama", 1)])
@@ -206,8 +225,11 @@ def test_an_engine_keeps_its_own_weights_unless_it_says_so():
         def load_weights(self, named_tensors):
             pass
 
-        def state_checksum(self):
-            return 0.0
+        def probe_logprobs(self, prompt_ids, response_ids):
+            return []
+
+        def part_checksums(self):
+            return {}
     assert not Plain().shareable([("w", torch.zeros(2))])
     with pytest.raises(NotImplementedError, match="Plain keeps its own weights"):
         Plain().share_weights([("w", torch.zeros(2))])

@@ -172,6 +172,9 @@ def test_phase_split_maps_the_timers_to_the_five_phases():
     waited = phase_split({**row, "time/weight_sync_wait_s": 0.3})
     assert waited["generation"] == pytest.approx(3.3) and waited["weight sync"] == pytest.approx(0.2)
     assert phase_split({**row, "time/weight_sync_wait_s": 0.7})["weight sync"] == 0.0
+    # the receipt after the sync (0.25 s) is part of it: 0.5 + 0.25, taken from what was other (0.5 - 0.25)
+    receipt = phase_split({**row, "time/sync_receipt_s": 0.25})
+    assert receipt["weight sync"] == 0.75 and receipt["other"] == 0.25
     # timed parts above the step time: other is 0, not negative
     assert phase_split({**row, "time/step_s": 9.0})["other"] == 0.0
     assert phase_split({"step": 1, "loss": 1.0}) is None
