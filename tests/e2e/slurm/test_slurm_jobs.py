@@ -38,7 +38,7 @@ def test_sft_through_submitit_on_two_tasks(slurm_cluster, tmp_path):
     assert sorted(got) == list(range(1, 7)) and got[6] < got[1]
     assert got[6] == pytest.approx(out["final"]["loss"])
     attempt = tmp_path / "logs" / out["job_id"] / "attempt-0"
-    assert sorted(p.name for p in attempt.iterdir()) == ["rank-0.log", "rank-1.log"]
+    assert sorted(p.name for p in attempt.glob("*.log")) == ["rank-0.log", "rank-1.log"]
     print(f"submitit SFT 2 tasks: {time.time() - t0:.1f} s")
 
 
@@ -124,7 +124,7 @@ def test_a_killed_rank_ends_the_job_fast_and_is_named(slurm_cluster, tmp_path):
     state = slurm_cluster.wait_done(job, timeout=90)
     took = time.time() - t_kill
     assert state not in ("COMPLETED", "RUNNING") and took < 60, (state, took)
-    rank_logs = "".join(p.read_text() for p in (logs / job / "attempt-0").iterdir())
+    rank_logs = "".join(p.read_text() for p in (logs / job / "attempt-0").glob("*.log"))
     assert re.search(r"rank 2 \(roles rollout, host node\d\)", rank_logs), rank_logs[-4000:]
     out = (logs / f"{job}.out").read_text()
     assert re.search(r"the step failed \(exit \d+\): no heartbeat from rank 2 \(roles rollout, host node\d\); "

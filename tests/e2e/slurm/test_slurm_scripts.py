@@ -43,5 +43,6 @@ def test_sft_script_runs_on_two_tasks(slurm_cluster, tmp_path):
     state = slurm_cluster.wait_done(job, timeout=240)
     assert state == "COMPLETED", (tmp_path / f"hpc-rlhf-sft-{job}.out").read_text()
     assert sorted(losses(tmp_path / "sft")) == [1, 2, 3, 4]
-    assert sorted(p.name for p in (tmp_path / "logs" / job / "attempt-0").iterdir()) == ["rank-0.log", "rank-1.log"]
+    assert sorted(p.name for p in (tmp_path / "logs" / job / "attempt-0").glob("*.log")) == ["rank-0.log",
+                                                                                            "rank-1.log"]
     assert "learning_rate: 0.02" in (tmp_path / "logs" / job / "attempt-0" / "rank-0.log").read_text()
