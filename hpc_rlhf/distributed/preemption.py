@@ -33,13 +33,29 @@ class RunStopped(Exception):
 
 
 class StopRequest:
+    """The stop signals' handler (built in the main thread).  ``received``: the signal, once the handler has run.
+
+    The handler runs in the main thread between two Python instructions, so not while that thread waits inside a
+    collective (srun's SIGTERM to the survivors of a dead rank finds them there).  ``arrived()`` answers at once
+    from any thread: the interpreter's C-level handler writes each signal's number into a wakeup pipe."""
+
     def __init__(self, stop_signals: list[str], requeue_signals: list[str]):
         self.requeue_signals = set(requeue_signals)
         self.received: str | None = None
         self._previous = {}
+        self._numbers = {int(getattr(signal, f"SIG{name}")) for name in stop_signals}
         for name in stop_signals:
             sig = getattr(signal, f"SIG{name}")
             self._previous[sig] = signal.signal(sig, self._handle)
+        self._seen, self._pipe, self._previous_fd = False, None, -1
+        if self._numbers:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._previous_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+            self._pipe = (r, w)
+            if self._previous_fd != -1:  # someone else's (an event loop's): leave it theirs, do without
+                self.restore_wakeup()
 
     @classmethod
     def from_config(cls, slurm_cfg) -> "StopRequest":
@@ -56,10 +72,29 @@ class StopRequest:
             return NONE
         return STOP_AND_REQUEUE if self.received in self.requeue_signals else STOP
 
+    def arrived(self) -> bool:
+        """Whether a stop signal has arrived, its Python handler run or not (any thread may ask)."""
+        if self.received is not None or self._seen:
+            return True
+        if self._pipe is not None:
+            try:
+                self._seen = any(b in self._numbers for b in os.read(self._pipe[0], 512))
+            except (BlockingIOError, OSError):
+                pass
+        return self._seen
+
+    def restore_wakeup(self) -> None:
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+            os.close(self._pipe[1])
+            os.close(self._pipe[0])
+            self._pipe = None
+
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        self.restore_wakeup()
 
 
 class StepBoundary:

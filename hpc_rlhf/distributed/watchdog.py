@@ -14,8 +14,9 @@ The store lives in the local launcher, or under srun on global rank 0.  A rank h
 exits until its peers have read the verdict (at most three heartbeat intervals).
 
 Under srun --kill-on-bad-exit the survivors of a dead rank get SIGTERM and, KillWait seconds later
-(often 30 s, 5 s on small clusters), SIGKILL.  Once a stop signal has arrived (``urgent()`` true)
-a peer silent for three heartbeat intervals already counts as dead, so the job still says who died.
+(often 30 s, 5 s on small clusters), SIGKILL.  Once a stop signal has arrived (``urgent()`` true, asked
+from this thread: it must not wait for the main thread, which may be inside a collective) a peer silent for
+three heartbeat intervals already counts as dead, so the job still says who died.
 """
 from __future__ import annotations
 
@@ -118,6 +119,7 @@ class Watchdog:
         self._store.set(f"hb/{self.rank}", repr(time.time()))
 
     def dead_peers(self) -> list[int]:
+        """The peers silent past the limit, the longest silent first (under srun's SIGTERM, the first to die)."""
         now = time.time()
         limit = min(self.dead_after_s, 3 * self.interval_s) if self.urgent() else self.dead_after_s
         dead = []
@@ -129,8 +131,8 @@ class Watchdog:
             except Exception:
                 last = None
             if last is not None and now - last > limit:
-                dead.append(r)
-        return dead
+                dead.append((last, r))
+        return [r for _, r in sorted(dead)]
 
     def _host(self, r: int) -> str:
         try:

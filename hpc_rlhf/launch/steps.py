@@ -78,9 +78,12 @@ def culprit(record: StepRecord) -> tuple[str, str | None]:
     if record.verdict is not None:
         rank, host, why = record.verdict
         return why, host
-    if record.killed:
+    if len(record.killed) == 1:
         r = record.killed[0]
         return f"rank {r} was killed (it left no exit code)", record.hosts[r]
+    if record.killed:  # SLURM killed the survivors before any watchdog named the first to die: blame no node
+        ranks = ", ".join(map(str, record.killed))
+        return f"ranks {ranks} were killed (none left an exit code, no watchdog named the first)", None
     failed = sorted(r for r, c in record.exits.items() if c not in (0, 3))
     if failed:
         return f"rank {failed[0]} exited {record.exits[failed[0]]}", record.hosts.get(failed[0])

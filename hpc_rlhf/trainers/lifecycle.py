@@ -77,7 +77,7 @@ def run_in_roles(cfg, plan, body):
         with recorded(cfg, stop, read_env().is_main) as run_dir:
             p = cfg.placement
             ctx = join(plan, cfg.launch.backend, p.collective_timeout_s, p.dead_rank_timeout_s,
-                       urgent=lambda: stop.received is not None)
+                       urgent=stop.arrived)
             if run_dir is not None:  # the watchdog ends the process at once: the verdict goes into the record first
                 ctx.watchdog.on_die = lambda why: attempts.append(run_dir, "end", reason="error", error=why)
             try:

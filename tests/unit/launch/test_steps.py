@@ -88,8 +88,15 @@ def test_a_lost_node_without_a_spare_requeues_the_job_or_ends_it(on_loss, action
 
 
 def test_a_step_whose_ranks_say_nothing_restarts_and_one_that_started_no_rank_ends():
-    nxt = decide(Policy(), 1, StepRecord(hosts={0: "n1", 1: "n2"}), Placement(NODES, 3), [], 0)
+    p = Placement(NODES, 3)
+    nxt = decide(Policy(), 1, StepRecord(hosts={0: "n1", 1: "n2"}, exits={1: 1}), p, [], 0)
     assert nxt.action == "restart" and "rank 0 was killed (it left no exit code)" in nxt.why
+    assert p.failures == {"n1": 1}
+    # every rank killed before a watchdog named the first to die: no rank or node is blamed
+    p = Placement(NODES, 3)
+    nxt = decide(Policy(), 1, StepRecord(hosts={0: "n1", 1: "n2", 2: "n3"}), p, [], 0)
+    assert nxt.action == "restart" and "ranks 0, 1, 2 were killed (none left an exit code" in nxt.why
+    assert not p.failures
     nxt = decide(Policy(), 1, StepRecord(hosts={0: "n1"}, exits={0: 0}), Placement(NODES, 3), [], 0)
     assert nxt.action == "restart" and "no rank said why" in nxt.why
     # srun refused the step ("More processors requested than permitted"): the same step would fail again
