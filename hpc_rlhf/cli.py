@@ -6,7 +6,7 @@ import atexit
 import gc
 import sys
 
-from .commands import setup_logging, user_errors
+from .commands import exit_code, setup_logging, user_errors
 from .config import ConfigError
 from .distributed.rendezvous import adopt_slurm_rendezvous
 from .distributed.steprecord import note_exit
@@ -52,12 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     """The command's exit code; inside a step of `hpc-rlhf steps` also noted for it (distributed/steprecord.py)."""
     try:
         code = _main(argv)
-    except SystemExit as e:  # argparse's usage errors
-        code = e.code if isinstance(e.code, int) else 1
-        note_exit(code)
-        raise
-    except BaseException:
-        note_exit(1)
+    except BaseException as e:  # argparse's usage errors (SystemExit) among them
+        note_exit(exit_code(e))
         raise
     note_exit(code)
     return code

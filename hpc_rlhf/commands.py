@@ -120,6 +120,13 @@ def user_errors() -> tuple[type[Exception], ...]:
     return (FileNotFoundError, *(getattr(sys.modules[m], name) for m, name in loaded if m in sys.modules))
 
 
+def exit_code(error: BaseException) -> int:
+    """The exit code of a rank ending on ``error``: SystemExit's own, 2 for a config or user error, else 1."""
+    if isinstance(error, SystemExit):  # as Python exits: None is 0, a message 1
+        return 0 if error.code is None else error.code if isinstance(error.code, int) else 1
+    return 2 if isinstance(error, (ConfigError, *user_errors())) else 1
+
+
 def check_inputs(cfg) -> None:
     """ConfigError naming the option when a model, file or data source the run reads cannot be found (a missing
     local path, or a hub name while offline): a few file-system lookups, before any rank loads anything."""

@@ -29,7 +29,6 @@ import submitit  # noqa: E402
 from submitit.slurm import slurm as submitit_slurm  # noqa: E402
 
 from .. import commands  # noqa: E402
-from ..config import ConfigError  # noqa: E402
 from ..distributed.rendezvous import adopt_slurm_rendezvous  # noqa: E402
 from ..distributed.steprecord import note_exit  # noqa: E402
 from .job import JobComponent, components  # noqa: E402
@@ -81,11 +80,8 @@ class TrainTask:
             cfg = commands.load_config(name, self.config_path, self.overrides)
             commands.node_environment(cfg)  # torch is loaded, but nothing yet that reads these variables
             result = commands.run(name, cfg)
-        except SystemExit as e:
-            note_exit(e.code if isinstance(e.code, int) else 1)
-            raise
-        except Exception as e:
-            note_exit(2 if isinstance(e, (ConfigError, *commands.user_errors())) else 1)
+        except BaseException as e:
+            note_exit(commands.exit_code(e))
             raise
         note_exit(0)
         return result

@@ -38,3 +38,14 @@ def test_the_cli_notes_its_exit_code(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert steprecord.read(tmp_path).exits == {0: 2}
+
+
+def test_the_exit_code_of_an_ending():
+    """`hpc-rlhf train` and the submitit task note the same code for the same ending (commands.exit_code)."""
+    from hpc_rlhf.commands import exit_code
+    from hpc_rlhf.config import ConfigError
+
+    assert exit_code(SystemExit(3)) == 3 and exit_code(SystemExit(0)) == 0
+    assert exit_code(SystemExit("usage: ...")) == 1 and exit_code(SystemExit(None)) == 0
+    assert exit_code(ConfigError("bad key")) == 2 and exit_code(FileNotFoundError("x.jsonl")) == 2
+    assert exit_code(RuntimeError("gloo")) == 1 and exit_code(KeyboardInterrupt()) == 1
