@@ -12,14 +12,23 @@ import math
 DEFAULT_SCORE_TEMPLATE = "<rm_score>: {score:.1f} "
 
 
-def _groups(rows: list[dict], prompt_key: str, reward_key: str) -> list[list[dict]]:
+def _check(n: int, row: dict, prompt_key: str, response_key: str, reward_key: str) -> None:
+    """ValueError naming row ``n`` (1-based), the column and the flag that names it, for a row the builders cannot
+    use: a prompt or response that is missing or not a string, a reward that is not a finite number."""
+    for key, flag in ((prompt_key, "--prompt-key"), (response_key, "--response-key")):
+        if not isinstance(row.get(key), str):
+            raise ValueError(f"row {n}: {key!r} is missing or not a string (the column is set by {flag}; "
+                             f"the row has {sorted(row)})")
+    reward = row.get(reward_key)
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise ValueError(f"row {n}: {reward_key!r} is {reward!r}, expected a finite number (the column is set by "
+                         "--reward-key)")
+
+
+def _groups(rows: list[dict], prompt_key: str, response_key: str, reward_key: str) -> list[list[dict]]:
     groups: dict = {}
     for n, r in enumerate(rows, 1):
-        if not isinstance(r.get(prompt_key), str):
-            raise ValueError(f"row {n}: {prompt_key!r} is missing or not a string")
-        reward = r.get(reward_key)
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-            raise ValueError(f"row {n}: {reward_key!r} is {reward!r}, expected a finite number")
+        _check(n, r, prompt_key, response_key, reward_key)
         key = ("index", r["prompt_index"]) if "prompt_index" in r else ("text", r[prompt_key])
         groups.setdefault(key, []).append(r)
     return list(groups.values())
@@ -39,7 +48,7 @@ def best_of_n(rows: list[dict], threshold: float | None = None, prompt_key: str 
     """Rejection sampling: the best response of each prompt (only when its reward >= ``threshold``),
     as SFT rows ``{input_key: prompt, output_key: response, "reward": r}`` for `hpc-rlhf train sft`."""
     out = []
-    for g in _groups(rows, prompt_key, reward_key):
+    for g in _groups(rows, prompt_key, response_key, reward_key):
         b = _best(g, reward_key)
         if threshold is not None and b[reward_key] < threshold:
             continue
@@ -52,7 +61,7 @@ def best_worst_pairs(rows: list[dict], min_margin: float = 0.0, prompt_key: str 
     """One ``{prompt, chosen, rejected, chosen_reward, rejected_reward}`` row per prompt whose best reward
     exceeds its worst by more than ``min_margin`` (groups of one, and ties, give no pair)."""
     out = []
-    for g in _groups(rows, prompt_key, reward_key):
+    for g in _groups(rows, prompt_key, response_key, reward_key):
         b, w = _best(g, reward_key), _worst(g, reward_key)
         if len(g) < 2 or not b[reward_key] - w[reward_key] > min_margin:
             continue
@@ -78,9 +87,8 @@ def conditional_sft(rows: list[dict], template: str = DEFAULT_SCORE_TEMPLATE, pr
         raise ValueError(f"template {template!r} has no {{score}} field")
     out = []
     for n, r in enumerate(rows, 1):
-        reward = r.get(reward_key)
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            raise ValueError(f"row {n}: {reward_key!r} is {reward!r}, expected a number")
+        _check(n, r, prompt_key, response_key, reward_key)
+        reward = r[reward_key]
         out.append({input_key: score_prefix(reward, template) + r[prompt_key], output_key: r[response_key],
                     "reward": reward})
     return out

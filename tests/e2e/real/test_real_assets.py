@@ -67,8 +67,14 @@ def _gguf_file() -> Path:
 def test_import_gguf_command_writes_the_same_folder(real_model, tmp_path, capsys):
     from hpc_rlhf.cli import main
     out = tmp_path / "smol"
-    assert main(["import-gguf", str(_gguf_file()), str(out)]) == 0
+    old = os.umask(0o027)  # a project group's: its members read the model, the others do not
+    try:
+        assert main(["import-gguf", str(_gguf_file()), str(out)]) == 0
+    finally:
+        os.umask(old)
     assert capsys.readouterr().out.strip().endswith(f"into {out}")
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in [out, *out.iterdir()]}
+    assert modes == {"smol": oct(0o750), **{p.name: oct(0o640) for p in out.iterdir()}}, modes
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(p.name for p in Path(real_model).iterdir())
     for name in names:  # the conversion is deterministic: the script's folder byte for byte

@@ -65,3 +65,23 @@ def test_every_row_of_the_command_table_resolves():
         assert callable(commands.resolve(c.run)), name
         assert c.plan is None or callable(commands.resolve(c.plan)), name
     assert commands.trainers() == ["dpo", "kd", "kto", "orpo", "prm", "rl", "rm", "sft", "simpo"]
+
+
+@pytest.mark.parametrize("command,row,needle", [
+    ("best-of-n", {"question": "a", "response": "x", "reward": 1.0},
+     "row 2: 'prompt' is missing or not a string (the column is set by --prompt-key; the row has ['question', "),
+    ("make-pairs", {"prompt": "a", "reward": 1.0},
+     "row 2: 'response' is missing or not a string (the column is set by --response-key; the row has ['prompt', "),
+    ("csft-data", {"prompt": "a", "response": "x", "reward": "high"},
+     "row 2: 'reward' is 'high', expected a finite number (the column is set by --reward-key)"),
+])
+def test_a_builder_refuses_a_bad_row_naming_the_file_row_and_flag(tmp_path, command, row, needle):
+    import json
+    good = {"prompt": "b", "response": "y", "reward": 0.0}
+    src = tmp_path / "scored.jsonl"
+    src.write_text(json.dumps(good) + "\n" + json.dumps(row) + "\n")
+    proc = _cli(command, "--input", str(src), "--output", str(tmp_path / "out.jsonl"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hpc-rlhf {command}: {src}: {needle}"), proc.stderr[-3000:]
+    assert not (tmp_path / "out.jsonl").exists()
