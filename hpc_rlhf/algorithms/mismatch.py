@@ -47,12 +47,27 @@ Every correction also reports ``is/weight_mean``, the mean of the final weights 
 tokens (dropped tokens count as 0).  Like the policy-loss metrics, every metric is a detached 0-dim
 tensor.  Dropped tokens still count in the aggregation's normaliser (the step's token or sequence
 count): the weights only rescale the per-token loss.
+
+Token masks (registry ``TOKEN_MASKS``) decide once per RL step, before the step's updates, which tokens
+enter the policy gradient at all; ``RLAlgorithm.advantages`` sets the advantage of a dropped token to 0.
+Each ``fn(old_logp, engine_logp, mask, *, <options>, all_reduce) -> (keep [B, R], metrics)``, keep 1.0 or
+0.0 (0 on padding), with metrics that are global over the ranks:
+
+* ``m2po`` — M2PO (Zheng et al. 2025, arXiv:2510.01161), ``m2_threshold`` = τ.  With
+  M2_t = (log π_old(y_t) − log π_engine(y_t))² and the valid tokens of the whole batch on every rank
+  (``all_reduce`` sums over the data-parallel ranks), the tokens with the largest M2_t are dropped first,
+  all tokens of one value together, until the mean M2 of the kept ones is below τ: keep = M2_t <= c for the
+  largest c with mean{M2_t : M2_t <= c} < τ.  A nan M2_t counts as +inf (always dropped).  Metrics
+  ``m2po/m2`` (mean M2 of all valid tokens), ``m2po/m2_kept`` and ``m2po/masked_frac``.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .registry import IS_CORRECTIONS
+from .registry import IS_CORRECTIONS, TOKEN_MASKS
+from .whiten import AllReduce
 
 Tensor = torch.Tensor
 
@@ -136,3 +151,57 @@ def is_weights(name: str, old_logp: Tensor, engine_logp: Tensor, mask: Tensor, *
                high: float) -> tuple[Tensor, dict[str, Tensor]]:
     """Call the registered IS correction ``name``."""
     return IS_CORRECTIONS.get(name)(old_logp, engine_logp, mask, low=low, high=high)
+
+
+def _sums(x: Tensor, selections: list[Tensor], all_reduce: AllReduce) -> list[float]:
+    """[Σ x, count] of each selection of positions, over every rank (one all-reduce), in float64."""
+    t = torch.stack([v for sel in selections
+                     for v in (torch.where(sel, x, torch.zeros_like(x)).double().sum(), sel.double().sum())])
+    return (t if all_reduce is None else all_reduce(t)).tolist()
+
+
+_F32_INF_BITS = 0x7F800000  # the bits of float32 +inf; non-negative float32 values order as their bits
+
+
+def _f32(bits: int) -> float:
+    return torch.tensor(bits, dtype=torch.int32).view(torch.float32).item()
+
+
+@TOKEN_MASKS.register("m2po")
+def m2po_mask(old_logp: Tensor, engine_logp: Tensor, mask: Tensor, *, m2_threshold: float,
+              all_reduce: AllReduce = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """Keep the tokens of smallest squared log-ratio whose mean stays below ``m2_threshold`` (module doc).
+
+    The cut c is found by bisection over the float32 values (their bit patterns), each step one all-reduce
+    of two numbers, the same on every rank: mean{M2 <= c} < τ holds for small c and fails beyond the cut,
+    since the mean of the values up to c grows with c.  One all-reduce when the whole batch is already below
+    τ; at most 31 more otherwise, and one for the metrics."""
+    if m2_threshold <= 0:
+        raise ValueError(f"m2_threshold must be > 0, got {m2_threshold}")
+    valid = mask.bool()
+    d = _log_ratio(old_logp, engine_logp, mask)
+    m2 = torch.where(valid, torch.nan_to_num(d * d, nan=math.inf), torch.zeros_like(d))
+
+    def below(c: float) -> bool:
+        total, n = _sums(m2, [valid & (m2 <= c)], all_reduce)
+        return n == 0 or total < m2_threshold * n
+
+    lo, hi = 0, _F32_INF_BITS  # below(0.0) always holds (kept M2 are all 0, or none is kept)
+    if below(math.inf):
+        lo = hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if below(_f32(mid)) else (lo, mid)
+    keep = valid & (m2 <= _f32(lo))
+    all_sum, n_all, kept_sum, n_kept = _sums(m2, [valid, keep], all_reduce)
+    return keep.float(), {
+        "m2po/m2": torch.tensor(all_sum / max(n_all, 1.0)),
+        "m2po/m2_kept": torch.tensor(kept_sum / max(n_kept, 1.0)),
+        "m2po/masked_frac": torch.tensor((n_all - n_kept) / max(n_all, 1.0)),
+    }
+
+
+def token_mask(name: str, old_logp: Tensor, engine_logp: Tensor, mask: Tensor, *, all_reduce: AllReduce = None,
+               **options) -> tuple[Tensor, dict[str, Tensor]]:
+    """Call the registered token mask ``name`` (options: what it reads)."""
+    return TOKEN_MASKS.get(name)(old_logp, engine_logp, mask, all_reduce=all_reduce, **options)

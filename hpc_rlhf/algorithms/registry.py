@@ -97,7 +97,11 @@ POLICY_LOSSES: Registry = Registry("policy_loss", {
     "ppo": ("clip",),
     "gspo": ("clip",),
     "cispo": ("clip.eps_clip", "clip.eps_clip_high"),
+    "sapo": ("sapo",),
+    "dppo_tv": ("dppo_tv",),
+    "dppo_kl": ("dppo_kl",),
 })
 IS_CORRECTIONS: Registry = Registry("is_correction", dict.fromkeys(("tis", "icepop", "seq_mask_tis"), ("is_bounds",)))
+TOKEN_MASKS: Registry = Registry("token_mask", {"m2po": ("m2po",)})
 KL_ESTIMATORS: Registry = Registry("kl_estimator", dict.fromkeys(("k1", "k2", "k3"), ()))
 LOSS_AGGREGATIONS: Registry = Registry("loss_agg_mode", dict.fromkeys(("token_mean", "seq_mean", "constant"), ()))

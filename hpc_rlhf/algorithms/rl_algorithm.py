@@ -17,9 +17,9 @@ from torch import Tensor
 from .advantages import estimator_from_config
 from .aggregation import StepNorm, aggregate
 from .kl import compute_kl, kl_penalty_rewards, make_kl_controller
-from .mismatch import is_weights
+from .mismatch import is_weights, token_mask
 from .policy_loss import policy_loss
-from .registry import POLICY_LOSSES
+from .registry import POLICY_LOSSES, TOKEN_MASKS
 from .returns import action_positions, compact, expand, has_gaps
 from .value_loss import value_loss
 from .whiten import AllReduce
@@ -43,28 +43,32 @@ class RLAlgorithm:
         self.kl_ctl = make_kl_controller(kl.init_kl_coef, kl.kl_target, kl.kl_horizon)
         # With one optimizer step on fresh samples the policy that generated them is the one being trained,
         # so the old log-probs equal the training forward's (detached) and need no extra pass, unless the KL
-        # penalty goes into the reward (it needs them before the advantages).
-        self.needs_old_logprobs: bool = not single_update or (self.needs_reference and not self.use_kl_loss)
+        # penalty goes into the reward (it needs them before the advantages), or a token mask reads them there.
+        self.needs_old_logprobs: bool = (not single_update or (self.needs_reference and not self.use_kl_loss)
+                                         or algo.token_mask != "none")
+        self.token_mask_metrics: dict[str, float] = {}  # the token mask's, from the last advantages() call
 
     # ---- advantages ---------------------------------------------------------------------------------------
     def advantages(self, rewards: Tensor, mask: Tensor, group_ids: Tensor, old: Optional[Tensor],
                    ref: Optional[Tensor], values: Optional[Tensor], all_reduce: AllReduce,
-                   valid: Optional[Tensor] = None, turn_rewards: Optional[Tensor] = None
-                   ) -> tuple[Tensor, Optional[Tensor], Tensor]:
+                   valid: Optional[Tensor] = None, turn_rewards: Optional[Tensor] = None,
+                   engine: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor], Tensor]:
         """(advantages, returns or None, per-token KL of the samples) for one shard.  The KL (old policy
         against the reference) is measured when both log-probs are there; with the KL in the reward it
         enters the token rewards at the controller's current coefficient.  ``valid`` [B]: the samples whose
         reward exists (the others enter no statistic and get advantage 0).  ``turn_rewards`` [B, R] (multi-turn):
         rewards on given tokens, added to the token rewards (group estimators see them in the sequence reward,
         GAE and REINFORCE in the returns).  A mask with gaps (feedback tokens between turns) is computed on
-        the compacted action tokens (``returns.action_positions``) and expanded back, 0 on the gaps."""
+        the compacted action tokens (``returns.action_positions``) and expanded back, 0 on the gaps.
+        ``engine`` [B, R]: the rollout engine's log-probs of the tokens, which a token mask (``algo.token_mask``)
+        reads with ``old``: a dropped token gets advantage 0, and ``token_mask_metrics`` its metrics."""
         if has_gaps(mask):
             idx, cmask = action_positions(mask)
 
             def pack(x):
                 return None if x is None else compact(x, idx, cmask)
             adv, ret, kl = self.advantages(rewards, cmask, group_ids, pack(old), pack(ref), pack(values), all_reduce,
-                                           valid, pack(turn_rewards))
+                                           valid, pack(turn_rewards), pack(engine))
             R = mask.shape[1]
             return (expand(adv, idx, cmask, R), None if ret is None else expand(ret, idx, cmask, R),
                     expand(kl, idx, cmask, R))
@@ -77,6 +81,14 @@ class RLAlgorithm:
         adv, ret = self.estimator.compute(rewards, token_rewards, mask, values=values, group_ids=group_ids,
                                           gamma=self.cfg.advantage.gamma, lambd=self.cfg.gae.lambd,
                                           all_reduce=all_reduce, valid=valid)
+        name = self.cfg.token_mask
+        if name != "none":
+            if old is None or engine is None:
+                raise ValueError(f"algo.token_mask {name!r} needs the old policy's and the engine's log-probs")
+            keep, m = token_mask(name, old, engine, mask if valid is None else mask * valid[:, None].to(mask.dtype),
+                                 all_reduce=all_reduce, **TOKEN_MASKS.options(name, self.cfg))
+            adv = adv * keep
+            self.token_mask_metrics = {k: float(v) for k, v in m.items()}
         return adv, ret, kl
 
     # ---- losses -------------------------------------------------------------------------------------------

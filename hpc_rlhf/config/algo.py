@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..algorithms.registry import (ADVANTAGE_ESTIMATORS, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_AGGREGATIONS,
-                                   POLICY_LOSSES)
+                                   POLICY_LOSSES, TOKEN_MASKS)
 from .base import ConfigError, field
 
 
@@ -66,6 +66,38 @@ class ISBoundsOptions:
                                            "drop threshold (icepop, seq_mask_tis)")
 
 
+@dataclass
+class SAPOOptions:
+    """The temperatures of SAPO's soft gate σ(τ(ρ − 1))·4/τ."""
+    tau_pos: float = field(1.0, gt=0, help="gate temperature for tokens with a positive advantage")
+    tau_neg: float = field(1.05, gt=0, help="gate temperature for tokens with a zero or negative advantage")
+
+
+@dataclass
+class DPPOTVOptions:
+    """DPPO-Binary-TV's trust region on the sampled token's probability change π − μ."""
+    delta_low: float = field(0.2, ge=0, le=1, help="a token with A < 0 whose probability fell by more than this "
+                                                   "gets no gradient")
+    delta_high: float = field(0.2, ge=0, le=1, help="a token with A > 0 whose probability rose by more than this "
+                                                    "gets no gradient")
+
+
+@dataclass
+class DPPOKLOptions:
+    """DPPO-Binary-KL's trust region on KL(Bern(μ) ‖ Bern(π)) of the sampled token's probability."""
+    delta_low: float = field(0.05, ge=0, help="a token with A < 0 whose probability fell with a binary KL above "
+                                              "this gets no gradient")
+    delta_high: float = field(0.05, ge=0, help="a token with A > 0 whose probability rose with a binary KL above "
+                                               "this gets no gradient")
+
+
+@dataclass
+class M2POOptions:
+    m2_threshold: float = field(0.04, gt=0, help="M2PO keeps the tokens of smallest squared log-ratio (old "
+                                                 "policy to rollout engine) whose mean over the step's batch "
+                                                 "stays below this")
+
+
 def _is_set(section, option: str) -> bool:
     f = next(f for f in dataclasses.fields(section) if f.name == option)
     default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
@@ -86,6 +118,12 @@ class AlgoConfig:
              "whose ratio is outside [is_low, is_high]), seq_mask_tis (drop sequences whose "
              "geometric-mean ratio is outside, truncate the rest); needs rollout.temperature 1 (or 0) "
              "(docs/algorithms.md)")
+    token_mask: str = field(
+        "none", choices=("none",), registry=TOKEN_MASKS,
+        help="drop tokens from the policy gradient once per step, before its updates: m2po (the tokens with the "
+             "largest squared log-ratio of the old policy to the rollout engine, until the mean over the step's "
+             "batch on every actor rank is under m2po.m2_threshold; for stale samples, train.async_train); "
+             "needs rollout.temperature 1 (or 0) and an old-policy pass (docs/algorithms.md)")
     entropy_loss_coef: float = field(0.0, ge=0, help="entropy bonus coefficient")
     log_entropy: bool = field(False, help="log the policy's entropy on the training samples (actor/entropy) without "
                                           "an entropy bonus too (one more pass over the vocabulary per token)")
@@ -95,6 +133,10 @@ class AlgoConfig:
     clip: ClipOptions = field(default_factory=ClipOptions, help="the clipped policy losses")
     kl: KLOptions = field(default_factory=KLOptions, help="the KL to the reference model")
     is_bounds: ISBoundsOptions = field(default_factory=ISBoundsOptions, help="the IS corrections")
+    sapo: SAPOOptions = field(default_factory=SAPOOptions, help="policy_loss sapo")
+    dppo_tv: DPPOTVOptions = field(default_factory=DPPOTVOptions, help="policy_loss dppo_tv")
+    dppo_kl: DPPOKLOptions = field(default_factory=DPPOKLOptions, help="policy_loss dppo_kl")
+    m2po: M2POOptions = field(default_factory=M2POOptions, help="token_mask m2po")
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):

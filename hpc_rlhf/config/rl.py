@@ -283,10 +283,11 @@ class RLConfig:
             raise ConfigError("model.load_in_4bit is not supported by `train rl`: the weight sync merges LoRA into "
                               "full-precision base weights; use lora_rank > 0 on a bf16/fp32 base")
         t = self.rollout.temperature
-        if self.algo.is_correction != "none" and t not in (0.0, 1.0):
-            # the engine's log-probs are at temperature 1, the trainer's at rollout.temperature
-            raise ConfigError(f"algo.is_correction={self.algo.is_correction!r} needs rollout.temperature 1 (or 0): "
-                              f"the rollout engine's log-probs are at temperature 1 and the trainer's at {t}")
+        for key in ("is_correction", "token_mask"):
+            if getattr(self.algo, key) != "none" and t not in (0.0, 1.0):
+                # the engine's log-probs are at temperature 1, the trainer's at rollout.temperature
+                raise ConfigError(f"algo.{key}={getattr(self.algo, key)!r} needs rollout.temperature 1 (or 0): "
+                                  f"the rollout engine's log-probs are at temperature 1 and the trainer's at {t}")
         if self.train.async_train and self.placement.colocate_all:
             raise ConfigError("train.async_train needs the rollout on ranks of its own, so that generation runs "
                               "while the actor trains: set placement.colocate_all to false")

@@ -294,7 +294,7 @@ def test_aggregation_invariant_to_ranks_and_accumulation(mode):
 
 
 def test_registries_list_everything():
-    assert POLICY_LOSSES.names() == ["cispo", "gspo", "ppo"]
+    assert POLICY_LOSSES.names() == ["cispo", "dppo_kl", "dppo_tv", "gspo", "ppo", "sapo"]
     assert LOSS_AGGREGATIONS.names() == ["constant", "seq_mean", "token_mean"]
 
 

@@ -110,7 +110,7 @@ RL_BASE = ["pretrain=m", "prompt_data=p.jsonl", "reward_func=r.py"]
 # every option that names a registered unit, with the registry it is checked against
 REGISTERED = {"algo.advantage_estimator": "ADVANTAGE_ESTIMATORS", "algo.policy_loss": "POLICY_LOSSES",
               "algo.kl.kl_estimator": "KL_ESTIMATORS", "algo.loss_agg_mode": "LOSS_AGGREGATIONS",
-              "algo.is_correction": "IS_CORRECTIONS"}
+              "algo.is_correction": "IS_CORRECTIONS", "algo.token_mask": "TOKEN_MASKS"}
 
 
 @pytest.mark.parametrize("key", sorted(REGISTERED))
@@ -302,7 +302,8 @@ def test_declared_units_are_the_registered_ones_and_read_what_they_take():
     from hpc_rlhf.config.base import leaf_paths
     algo, options = AlgoConfig(), set(leaf_paths(AlgoConfig))
     read = set()
-    for name in ("ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "IS_CORRECTIONS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS"):
+    for name in ("ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "IS_CORRECTIONS", "TOKEN_MASKS", "KL_ESTIMATORS",
+                 "LOSS_AGGREGATIONS"):
         reg = getattr(registry, name)
         assert set(reg.declared) == set(reg._items), f"{name}: declared and registered units differ"
         for unit in reg.names():
