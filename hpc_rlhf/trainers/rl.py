@@ -156,11 +156,13 @@ class RLRun:
             mask = mask * valid[:, None]
             turn_rewards = padded([[turn_weight * r for r in s.intermediate_rewards()] for s in shard], R) * mask
             scalar = torch.tensor([reward_of[s.uid] for s in shard]) - turn_rewards.sum(1)
-            rows = {k: [getattr(s, k) for s in shard] for k in ("old_logprobs", "ref_logprobs", "values")}
-            old, ref, values = (padded(v, R) if v[0] is not None else None for v in rows.values())
+            rows = {k: [getattr(s, k) for s in shard]
+                    for k in ("old_logprobs", "ref_logprobs", "values", "engine_logprobs")}
+            old, ref, values, engine = (padded(v, R) if v[0] is not None else None for v in rows.values())
             adv, ret, kl = self.algo.advantages(scalar, mask, torch.tensor([s.prompt_index for s in shard]), old,
                                                 ref, values, all_reduce=sum_over_ranks, valid=valid,
-                                                turn_rewards=turn_rewards)
+                                                turn_rewards=turn_rewards, engine=engine)
+            metrics.update(self.algo.token_mask_metrics)
             for s, a in zip(shard, unpadded(adv, shard)):
                 s.advantages = a
             stats = sum_over_ranks(torch.tensor([float((kl * mask).sum()), float(mask.sum()),
