@@ -12,9 +12,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from .base import ConfigError, field
-from .sections import (CheckpointConfig, DataConfig, LaunchConfig, LogConfig, ModelConfig, RenderedSources,
-                       SourcesConfig, TrainConfig)
+from .base import ConfigError, field, flatten_keys
+from .sections import (CheckpointConfig, DataConfig, EngineOptions, LaunchConfig, LogConfig, ModelConfig,
+                       RenderedSources, SourcesConfig, TrainConfig)
 from .slurm import SlurmConfig
 
 
@@ -179,14 +179,34 @@ class DistillObjective(ObjectiveSection):
     teacher_pretrain: str | None = field(None, path="model", help="the teacher: HF model folder or hub name (same "
                                                                   "vocabulary as the student); frozen, on the same "
                                                                   "ranks (required)")
-    kd_coef: float = field(0.5, ge=0, le=1, help="α in (1 − α)·CE + α·KL(teacher ‖ student) per token: 0 is plain SFT, "
-                                                 "1 pure distillation")
-    temperature: float = field(1.0, gt=0, help="τ: both distributions are softmax(logits / τ) in the KL, which is "
-                                               "multiplied by τ² (the CE stays at τ = 1)")
+    kd_coef: float = field(0.5, ge=0, le=1, help="α in (1 − α)·CE + α·D per token, D the divergence beta chooses "
+                                                 "(KL(teacher ‖ student) by default): 0 is plain SFT, 1 pure "
+                                                 "distillation")
+    temperature: float = field(1.0, gt=0, help="τ: both distributions are softmax(logits / τ) in the divergence, which "
+                                               "is multiplied by τ² (the CE stays at τ = 1)")
+    beta: float = field(0.0, ge=0, le=1, help="β of the divergence JSD_β(teacher ‖ student) (GKD): 0 the forward KL"
+                                              "(teacher ‖ student), 1 the reverse KL(student ‖ teacher), in between "
+                                              "the generalized Jensen-Shannon divergence to the mixture β·teacher + "
+                                              "(1 − β)·student")
+    lmbda: float = field(0.0, ge=0, le=1, help="λ, the fraction of steps trained on responses the student generates "
+                                               "(the rollout section's engine) to the data's prompts instead of the "
+                                               "data's responses; each step is one or the other, drawn from "
+                                               "(train.seed, step); those steps have no CE term")
 
     def validate(self) -> None:
         if not self.teacher_pretrain:
             raise ConfigError("objective.teacher_pretrain is not set: name the teacher model")
+        if self.lmbda > 0 and self.kd_coef == 0:
+            raise ConfigError("objective.lmbda > 0 trains on the student's own responses, whose loss is kd_coef × the "
+                              "divergence (no CE): set objective.kd_coef > 0")
+
+
+@dataclass
+class DistillRolloutConfig(EngineOptions):
+    """How the student generates its responses when objective.lmbda > 0: sampled from its own distribution
+    (temperature 1, no top-k or top-p), up to a stop token of the tokenizer or the model's generation config."""
+    generate_max_len: int = field(256, ge=1, help="new tokens per response at most (cut further to data.max_len)")
+    max_batch_size: int = field(64, ge=1, help="sequences per generation batch on one rank")
 
 
 @dataclass
@@ -198,13 +218,33 @@ class DistillDataConfig(DataConfig):
                               "data.packing_samples and data.micro_batch_tokens are not supported")
 
 
+@dataclass(kw_only=True)
+class DistillSections(TrainerSections):
+    """train kd: the shared sections, and the checks across its objective and data."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.objective.lmbda > 0 and self.data.pretrain_mode:
+            raise ConfigError("objective.lmbda > 0 needs prompts for the student to answer: data.pretrain_mode has "
+                              "none (loss on every token)")
+        if self.objective.lmbda == 0:
+            default = flatten_keys(dataclasses.asdict(DistillRolloutConfig()))
+            for key, value in flatten_keys(dataclasses.asdict(self.rollout)).items():
+                if value != default[key]:
+                    raise ConfigError(f"rollout.{key} is set but objective.lmbda is 0: the rollout section applies "
+                                      f"to the steps on the student's own responses (objective.lmbda > 0)")
+
+
 def _trainer(name: str, objective: type[ObjectiveSection], data: type, data_help: str, objective_help: str,
-             model_help: str = "the model and its adapters") -> type:
-    """The config class of `hpc-rlhf train UNIT`: the shared sections, the model, the data and the objective."""
+             model_help: str = "the model and its adapters", base: type = TrainerSections,
+             extra: tuple = ()) -> type:
+    """The config class of `hpc-rlhf train UNIT`: the shared sections (``base``), the model, the data, the objective
+    and the ``extra`` sections (name, type, help)."""
     return dataclasses.make_dataclass(
         name, [("model", ModelConfig, field(help=model_help)), ("data", data, field(help=data_help)),
-               ("objective", objective, field(default_factory=objective, help=objective_help))],
-        bases=(TrainerSections,), kw_only=True,
+               ("objective", objective, field(default_factory=objective, help=objective_help)),
+               *((n, t, field(default_factory=t, help=h)) for n, t, h in extra)],
+        bases=(base,), kw_only=True,
         namespace={"__module__": __name__, "__doc__": f"Config of `hpc-rlhf train {objective.unit}`."})
 
 
@@ -222,4 +262,6 @@ PRMConfig = _trainer("PRMConfig", ProcessRewardObjective, ProcessDataConfig,
                      model_help="the causal LM trained as the PRM (it answers the reward tokens at each placeholder)")
 KDConfig = _trainer("KDConfig", DistillObjective, DistillDataConfig,
                     "SFT data (prompt/response or chat); the loss covers the response tokens",
-                    "the teacher and the KD loss", model_help="the student and its adapters")
+                    "the teacher and the KD loss", model_help="the student and its adapters", base=DistillSections,
+                    extra=(("rollout", DistillRolloutConfig, "the student's generation engine and sampling "
+                                                             "(objective.lmbda > 0)"),))

@@ -8,7 +8,7 @@ device and copy the result back into it, so callers build their tensors wherever
 
 Two kinds of group:
 - the process's default group (the data-parallel world of a trainer, or of one RL role):
-  ``all_reduce_``, ``sum_over_ranks``, ``max_over_ranks``, ``sum_values``, ``barrier``;
+  ``all_reduce_``, ``sum_over_ranks``, ``max_over_ranks``, ``sum_values``, ``barrier``, ``all_gather_objects``;
 - a ``Bridge``: a stand-alone process group over an ordered list of global ranks, built from the shared
   TCPStore outside every role's own world (the RL control exchange, the weight broadcast).  Python objects
   travel pickled as uint8 tensors (sizes first, then one padded all-gather).  A bridge of one rank builds no
@@ -75,6 +75,15 @@ def sum_values(values: Sequence[float], op=SUM) -> list[float]:
 def barrier() -> None:
     if world_size() > 1:
         dist.barrier()
+
+
+def all_gather_objects(obj: Any) -> list:
+    """``obj`` of every rank of the default group (pickled), in rank order; ``[obj]`` in a single process."""
+    if world_size() == 1:
+        return [obj]
+    out: list = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 # ---- bridges ------------------------------------------------------------------------------------------------

@@ -104,6 +104,7 @@ def _run(cfg, name: str, de: DistEnv, stop: StopRequest) -> dict[str, float]:
         t0 = time.time()
         epoch, in_epoch = divmod(i, sampler.steps_per_epoch)
         view = StepView([train_set[k] for k in sampler.step_indices(epoch, in_epoch)], de.rank, de.world_size)
+        view = unit.step_items(engine, view, i)
         lr = engine.get_lr()[0]
         metrics = train_step(engine, unit, view)
         metrics.update(lr=lr, epoch=epoch, step_time_s=time.time() - t0)

@@ -19,7 +19,11 @@ TRAINERS = {  # trainer -> (data key, data options, objective options)
     "orpo": ("pairs", {}, {}),
     "prm": ("prm", {"placeholder": PH}, {}),
     "kd": ("kd", {}, {}),
+    # on-policy GKD: steps 1-3 train on the student's responses, step 4 on the data's (seed 3, λ = 3/4);
+    # the resumed run's step 3 generates with the weights restored from step 2's checkpoint
+    "kd on-policy": ("kd", {}, {"beta": 0.5, "lmbda": 0.75}),
 }
+STUDENT_STEPS = {1: 1.0, 2: 1.0, 3: 1.0, 4: 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +42,11 @@ def assets(tmp_path_factory):
 def test_two_ranks_and_resume_match_one_uninterrupted_rank(assets, trainer):
     from transformers import AutoConfig
     data, data_extra, objective = TRAINERS[trainer]
-    if trainer == "kd":
-        objective = {"teacher_pretrain": str(assets["teacher"])}
-    root = assets["root"] / trainer
+    command = trainer.split()[0]
+    sections = {"rollout": {"engine": "hf", "generate_max_len": 6}} if "lmbda" in objective else {}
+    if command == "kd":
+        objective = {**objective, "teacher_pretrain": str(assets["teacher"])}
+    root = assets["root"] / trainer.replace(" ", "_")
     root.mkdir()
     config = {"model": {"pretrain": str(assets["model"]), "param_dtype": "fp32"},
               "data": {"dataset": [str(assets[data])], "max_len": 64, **data_extra},
@@ -48,14 +54,17 @@ def test_two_ranks_and_resume_match_one_uninterrupted_rank(assets, trainer):
               "train": {"train_batch_size": 8, "micro_train_batch_size": 2, "max_steps": 4, "max_epochs": 4,
                         "learning_rate": 1e-2, "zero_stage": 2, "seed": 3},
               "ckpt": {"save_path": str(root / "one"), "ckpt_path": str(root / "one_ckpt"), "save_steps": 2},
-              "log": {"logging_steps": 1, "progress_bar": "off", "use_tensorboard": False}}
-    one = losses(run_cli(trainer, config, 1))
-    two = losses(run_cli(trainer, config, 2, f"save_path={root / 'two'}", f"ckpt_path={root / 'two_ckpt'}"))
+              "log": {"logging_steps": 1, "progress_bar": "off", "use_tensorboard": False}, **sections}
+    rows = run_cli(command, config, 1)
+    one = losses(rows)
+    two = losses(run_cli(command, config, 2, f"save_path={root / 'two'}", f"ckpt_path={root / 'two_ckpt'}"))
     ckpt = root / "resume_ckpt"
     ckpt.mkdir()
     shutil.copytree(root / "one_ckpt" / "global_step2", ckpt / "global_step2")
-    resumed = losses(run_cli(trainer, config, 1, f"save_path={root / 'resumed'}", f"ckpt_path={ckpt}",
+    resumed = losses(run_cli(command, config, 1, f"save_path={root / 'resumed'}", f"ckpt_path={ckpt}",
                              "load_checkpoint=true"))
+    if "lmbda" in objective:
+        assert {m["step"]: m["student_step"] for m in rows if "loss" in m} == STUDENT_STEPS
     assert sorted(one) == [1, 2, 3, 4] and sorted(resumed) == [3, 4]
     for step in one:
         assert two[step] == pytest.approx(one[step], abs=1e-5), ("2 ranks", step)

@@ -5,7 +5,8 @@ row or stop the run; the trainer learns a toy set end to end (step accuracy rise
 export scores steps as documented (softmax over the reward tokens at the placeholder).  KD: the first step's
 gradients and metrics are the same with 1 micro-batch, with accumulation and on 2 ranks (a token mean over the
 step; 2 ranks: a slow test); a teacher equal to the student with kd_coef=1 gives KL 0; the student learns end
-to end."""
+to end.  On-policy GKD (objective.beta, objective.lmbda): the same invariances on a step of the student's own
+responses, which come from the generation engine holding the student's current weights."""
 from __future__ import annotations
 
 import json
@@ -208,9 +209,12 @@ def _kd_step(jobs: dict[str, list[str]]) -> dict:
         unit.prepare([train, evals])
         engine = build_engine(unit.build_model(), cfg.train, cfg.train.learning_rate, "fp32", 1, de.world_size)
         grads = grads_at_step(engine)
-        metrics = train_step(engine, unit, StepView(train[:8], de.rank, de.world_size))
+        view = unit.step_items(engine, StepView(train[:8], de.rank, de.world_size), 0)
+        metrics = train_step(engine, unit, view)
         metrics.update(evaluate(engine, unit, evals[:3], de))  # 3 eval items: ranks hold 2 and 1
         out[name] = (grads, metrics)
+        if name.startswith("gkd"):  # the samples trained on, and the data's
+            out[name + " samples"] = ([(s.input_ids, s.loss_mask, type(s).__name__) for s in view.items], train[:8])
     return out
 
 
@@ -219,20 +223,27 @@ def _kd_base(assets) -> list[str]:
             "kd_coef=0.5", "temperature=2"]
 
 
+# on-policy GKD: every step of the student's own responses (λ = 1), the generalized JSD at β = 1/2
+GKD = ["beta=0.5", "lmbda=1", "rollout.engine=hf", "generate_max_len=6"]
+
+
 @pytest.fixture(scope="module")
 def kd_one_rank(assets):
     base = _kd_base(assets)
     return run_ranks(_kd_step, 1, {"1 x 8": [*base, "micro_train_batch_size=8"],
                                    "3+3+2": [*base, "micro_train_batch_size=3"],
                                    "self": [f"pretrain={assets['model']}", f"dataset={assets['kd']}",
-                                            f"teacher_pretrain={assets['model']}", "kd_coef=1"]})[0]
+                                            f"teacher_pretrain={assets['model']}", "kd_coef=1"],
+                                   "gkd 1 x 8": [*base, *GKD, "micro_train_batch_size=8"],
+                                   "gkd 3+3+2": [*base, *GKD, "micro_train_batch_size=3"]})[0]
 
 
 def _assert_same_step(ref_result, result, name: str):
     ref_grads, ref = ref_result
     grads, metrics = result
     for k in ("loss", "ce", "kl", "eval_loss", "eval_ce", "eval_kl"):
-        assert metrics[k] == pytest.approx(ref[k], abs=1e-6), (name, k)
+        if k in ref or k in metrics:  # a step of the student's responses has no ce
+            assert metrics[k] == pytest.approx(ref[k], abs=1e-6), (name, k)
     for k, g in ref_grads.items():
         torch.testing.assert_close(grads[k], g, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name} {k}: {m}")
 
@@ -249,12 +260,71 @@ def test_kd_step_is_a_token_mean_whatever_the_micro_batches(kd_one_rank):
     _assert_same_step(one["1 x 8"], one["3+3+2"], "3+3+2")
 
 
+def test_gkd_step_trains_on_the_students_responses_whatever_the_micro_batches(kd_one_rank):
+    one = kd_one_rank
+    ref = one["gkd 1 x 8"][1]
+    # the divergence alone (α = 1/2 of it), no CE; the eval (the data's responses) keeps its CE
+    assert ref["student_step"] == 1.0 and "ce" not in ref and ref["kl"] > 1e-2
+    assert ref["loss"] == pytest.approx(0.5 * ref["kl"], abs=1e-6)
+    assert ref["eval_loss"] == pytest.approx(0.5 * ref["eval_ce"] + 0.5 * ref["eval_kl"], abs=1e-5)
+    _assert_same_step(one["gkd 1 x 8"], one["gkd 3+3+2"], "gkd 3+3+2")
+    samples, data = one["gkd 1 x 8 samples"]
+    assert samples == one["gkd 3+3+2 samples"][0]
+    for (ids, mask, kind), d in zip(samples, data):
+        prompt = d.loss_mask.index(1)
+        assert kind == "StudentSample" and ids[:prompt] == d.input_ids[:prompt]  # the data's prompt
+        assert mask == [0] * prompt + [1] * (len(ids) - prompt) and 1 <= len(ids) - prompt <= 6
+    assert any(ids != d.input_ids for (ids, _, _), d in zip(samples, data))  # responses of its own
+
+
+def _engine_after_a_step(overrides: list[str]) -> tuple[list[float], list[float], list[float]]:
+    """Log-probs of a fixed response: the student's before and after one GKD step, and the engine's after it."""
+    from hpc_rlhf.config import load_config
+    from hpc_rlhf.config.preference import KDConfig
+    from hpc_rlhf.distributed.env import read_env
+    from hpc_rlhf.engines.deepspeed_strategy import build_engine
+    from hpc_rlhf.models.loading import load_tokenizer
+    from hpc_rlhf.trainers.objectives import OFFLINE_OBJECTIVES
+    from hpc_rlhf.trainers.objectives.common import StepView
+    from hpc_rlhf.trainers.offline import train_step
+
+    cfg = load_config(KDConfig, None, [*overrides, "param_dtype=fp32", "train_batch_size=8", "max_len=64",
+                                       "micro_train_batch_size=8", "zero_stage=0", "learning_rate=1e-2"])
+    unit = OFFLINE_OBJECTIVES.get("kd")(cfg, read_env(), torch.device("cpu"), load_tokenizer(cfg.model.pretrain))
+    train, evals, _ = unit.load_data()
+    unit.prepare([train, evals])
+    engine = build_engine(unit.build_model(), cfg.train, cfg.train.learning_rate, "fp32", 1, 1)
+    prompt, response = train[0].input_ids[:4], train[0].input_ids[4:8]
+
+    def student() -> list[float]:
+        with torch.no_grad():
+            logits = engine.module(input_ids=torch.tensor([prompt + response])).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, -1)
+        return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(response)]
+
+    before = student()
+    train_step(engine, unit, unit.step_items(engine, StepView(train[:8], 0, 1), 0))
+    unit.sampler.load_student(engine)
+    return before, student(), unit.sampler.engine.probe_logprobs(prompt, response)
+
+
+def test_gkd_engine_generates_with_the_students_current_weights(assets):
+    """After an optimizer step the engine's log-probs are the trained student's, not the initial weights'."""
+    before, after, engine = run_ranks(_engine_after_a_step, 1, [*_kd_base(assets), *GKD])[0]
+    assert engine == pytest.approx(after, abs=1e-5)
+    assert max(abs(a - b) for a, b in zip(after, before)) > 1e-3
+
+
 @pytest.mark.slow  # two more processes; the micro-batch invariance above is in the default suite
 def test_kd_two_ranks_make_the_same_step_as_one(assets, kd_one_rank):
-    two = run_ranks(_kd_step, 2, {"2 ranks x 2": [*_kd_base(assets), "micro_train_batch_size=2"]})
-    _assert_same_step(kd_one_rank["1 x 8"], two[0]["2 ranks x 2"], "2 ranks")
-    for k, g in two[0]["2 ranks x 2"][0].items():  # both ranks hold the same reduced gradient
-        torch.testing.assert_close(two[1]["2 ranks x 2"][0][k], g, atol=0, rtol=0)
+    base = _kd_base(assets)
+    two = run_ranks(_kd_step, 2, {"2 ranks x 2": [*base, "micro_train_batch_size=2"],
+                                  "gkd 2 ranks x 2": [*base, *GKD, "micro_train_batch_size=2"]})
+    for name, ref in (("2 ranks x 2", "1 x 8"), ("gkd 2 ranks x 2", "gkd 1 x 8")):
+        _assert_same_step(kd_one_rank[ref], two[0][name], name)
+        for k, g in two[0][name][0].items():  # both ranks hold the same reduced gradient
+            torch.testing.assert_close(two[1][name][0][k], g, atol=0, rtol=0)
+    assert two[0]["gkd 2 ranks x 2 samples"][0] == kd_one_rank["gkd 1 x 8 samples"][0]  # the same responses
 
 
 def test_kd_learns_end_to_end(assets):
@@ -271,3 +341,18 @@ def test_kd_learns_end_to_end(assets):
     save = Path(config["ckpt"]["save_path"])
     assert AutoModelForCausalLM.from_pretrained(save).config.vocab_size > 0
     assert "teacher_pretrain" in (save / "hpc_rlhf_config.yaml").read_text()
+
+
+def test_gkd_learns_end_to_end(assets):
+    """Every step on the student's own responses (λ = 1) with the reverse KL (β = 1): the divergence falls."""
+    config = _config(assets, "gkd", "kd", {}, {"teacher_pretrain": str(assets["teacher"]), "kd_coef": 0.9,
+                                               "beta": 1.0, "lmbda": 1.0})
+    config["rollout"] = {"engine": "hf", "generate_max_len": 6}
+    config["ckpt"]["save_steps"] = -1
+    rows = run_cli("kd", config, 1)
+    train = [m for m in rows if "loss" in m]
+    assert all(m["student_step"] == 1.0 and "ce" not in m for m in train)
+    # the divergence on the student's own responses falls, and on the held-out data's responses too
+    assert train[-1]["kl"] + train[-2]["kl"] < 0.95 * (train[0]["kl"] + train[1]["kl"])
+    evals = [m["eval_kl"] for m in rows if "eval_kl" in m]
+    assert evals[-1] < evals[0]

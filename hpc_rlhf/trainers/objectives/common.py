@@ -163,6 +163,11 @@ class Objective:
     def build_model(self) -> torch.nn.Module:
         raise NotImplementedError
 
+    def step_items(self, engine, view: StepView, step: int) -> StepView:
+        """The items optimizer step ``step`` (0-based) trains on: the data's (``view``), or items the unit makes from
+        them (kd with objective.lmbda: the student's own responses)."""
+        return view
+
     def step_context(self, engine, view: StepView) -> Any:
         """Whatever the step's losses need from the whole step (KTO: the reference point z0)."""
         return None

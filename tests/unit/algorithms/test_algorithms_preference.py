@@ -379,3 +379,129 @@ def test_distill_teacher_zero_probability_and_errors():
         distill_loss(s, torch.zeros(1, 1, 3), torch.tensor([[0]]), torch.ones(1, 1))
     with pytest.raises(ValueError):
         distill_loss(s, te, torch.tensor([[0]]), torch.ones(1, 1), kd_coef=1.5)
+
+
+# ------------------------------------------------------------------ generalized JSD (GKD): β and on-policy tokens
+# _kd_inputs, pos 0: p = teacher (3/4, 1/4), q = student (1/2, 1/2); pos 1: p = q (every divergence 0).
+#  β = 1, reverse KL(q ‖ p) = 1/2 ln((1/2)/(3/4)) + 1/2 ln((1/2)/(1/4)) = 1/2 ln(4/3)
+#     d/dz_j = q_j (ln(q_j/p_j) − KL) = 1/2 (ln(2/3) − 1/2 ln(4/3)), 1/2 (ln 2 − 1/2 ln(4/3)) = ∓ (ln 3)/4
+#  β = 1/2: m = (p + q)/2 = (5/8, 3/8)
+#     JSD = 1/2 KL(p ‖ m) + 1/2 KL(q ‖ m),
+#     KL(p ‖ m) = 3/4 ln(6/5) + 1/4 ln(2/3),  KL(q ‖ m) = 1/2 ln(4/5) + 1/2 ln(4/3)
+#     ∂JSD/∂q_v = (1 − β) ln(q_v/m_v) (the terms through m cancel), so d/dz_j = q_j (g_j − Σ_v q_v g_v) with
+#     g = 1/2 (ln(4/5), ln(4/3)): d/dz_0 = 1/8 (2 ln(4/5) − ln(16/15)) = 1/8 ln(3/5), d/dz_1 = 1/8 ln(5/3)
+# Every value is a mean over the 2 valid tokens; the padding position (nan logits) is never read.
+
+RKL0 = 0.5 * L(4 / 3)
+JSD0 = 0.5 * (0.75 * L(6 / 5) + 0.25 * L(2 / 3)) + 0.5 * (0.5 * L(4 / 5) + 0.5 * L(4 / 3))
+
+
+@pytest.mark.parametrize("beta, div, grad0", [(1.0, RKL0, -L(3) / 4), (0.5, JSD0, L(3 / 5) / 8)])
+def test_distill_reverse_kl_and_generalized_jsd(beta, div, grad0):
+    s, te, y, m = _kd_inputs()
+    loss, met = distill_loss(s, te, y, m, kd_coef=1.0, beta=beta)
+    assert loss.item() == pytest.approx(div / 2, abs=1e-6)
+    assert met["kl"].item() == pytest.approx(div / 2, abs=1e-6)
+    loss.backward()
+    assert s.grad.flatten().tolist() == pytest.approx([grad0 / 2, -grad0 / 2, 0, 0, 0, 0], abs=1e-6)
+    assert te.grad is None
+    # α = 1/4 mixes the CE in as with β = 0; per token: 0 on padding
+    tok, _ = distill_loss(s, te, y, m, kd_coef=0.25, beta=beta, reduction="none")
+    assert tok[0].tolist() == pytest.approx([0.75 * L(2) + 0.25 * div, 0.75 * L(4), 0.0], abs=1e-6)
+
+
+def test_distill_reverse_kl_temperature_and_student_responses():
+    s, te, y, m = _kd_inputs()
+    # τ = 2, β = 1 on pos 0 only: p = (a, b) = (√3, 1)/(√3 + 1), q = (1/2, 1/2);
+    # τ²·KL(q ‖ p) = 4 (1/2 ln(1/(2a)) + 1/2 ln(1/(2b))) = −2 ln(4ab)
+    a, b = math.sqrt(3) / (math.sqrt(3) + 1), 1 / (math.sqrt(3) + 1)
+    m0 = torch.tensor([[1.0, 0.0, 0.0]])
+    lt, _ = distill_loss(s, te, y, m0, kd_coef=1.0, temperature=2.0, beta=1.0)
+    assert lt.item() == pytest.approx(-2 * L(4 * a * b), abs=1e-6)
+    # the student's own responses (supervised=False): α·D only, the CE neither in the loss nor in the metrics
+    lu, met = distill_loss(s, te, y, m, kd_coef=0.25, beta=0.5, supervised=False)
+    assert lu.item() == pytest.approx(0.25 * JSD0 / 2, abs=1e-6)
+    assert "ce" not in met and met["kl"].item() == pytest.approx(JSD0 / 2, abs=1e-6)
+    # a teacher probability of 0 (logit −inf) contributes 0 to KL(p ‖ m): p = (1, 0), q = (1/2, 1/2), m = (3/4, 1/4),
+    # JSD = 1/2 ln(4/3) + 1/2 (1/2 ln(2/3) + 1/2 ln 2) = 3/4 ln(4/3), with a finite gradient
+    s0 = torch.tensor([[[0.0, 0.0]]], requires_grad=True)
+    l0, _ = distill_loss(s0, torch.tensor([[[0.0, -math.inf]]]), torch.tensor([[0]]), torch.ones(1, 1), kd_coef=1.0,
+                         beta=0.5)
+    assert l0.item() == pytest.approx(0.75 * L(4 / 3), abs=1e-6)
+    l0.backward()
+    assert torch.isfinite(s0.grad).all()
+    with pytest.raises(ValueError):
+        distill_loss(s, te, y, m, beta=1.5)
+
+
+def _forward_kl_before_beta(student_logits, teacher_logits, labels, mask, kd_coef, temperature, reduction):
+    """The forward-KL distillation loss as it was before β and on-policy responses (kept here verbatim, as the
+    reference that β = 0 must reproduce bit for bit)."""
+    import torch.nn.functional as F
+    valid = mask.bool()
+    zs = student_logits[valid].float()
+    zt = teacher_logits.detach()[valid].float()
+    y = labels[valid].long()
+    logp_s = F.log_softmax(zs, dim=-1)
+    ce = -logp_s.gather(-1, y[:, None]).squeeze(-1)
+    tau = float(temperature)
+    logp_s_tau = logp_s if tau == 1.0 else F.log_softmax(zs / tau, dim=-1)
+    logp_t = F.log_softmax(zt / tau, dim=-1)
+    p_t = logp_t.exp()
+    terms = torch.where(p_t > 0, p_t * (logp_t - logp_s_tau), torch.zeros_like(p_t))
+    kl = terms.sum(-1) * (tau * tau)
+    tok = (1.0 - kd_coef) * ce + kd_coef * kl
+    n = tok.shape[0]
+    metrics = {"ce": ce.detach().sum() / max(n, 1), "kl": kl.detach().sum() / max(n, 1),
+               "tokens": torch.tensor(float(n))}
+    if reduction == "none":
+        out = torch.zeros(mask.shape, dtype=tok.dtype, device=tok.device)
+        out[valid] = tok
+        return out, metrics
+    return tok.sum() / max(n, 1), metrics
+
+
+@pytest.mark.parametrize("kd_coef, temperature, reduction", [(0.5, 1.0, "mean"), (0.9, 2.0, "mean"),
+                                                             (1.0, 0.5, "none"), (0.0, 1.0, "mean")])
+def test_distill_beta_zero_is_the_forward_kl_bit_for_bit(kd_coef, temperature, reduction):
+    g = torch.Generator().manual_seed(7)
+    zs, zt = torch.randn(3, 6, 11, generator=g) * 3, torch.randn(3, 6, 11, generator=g) * 3
+    zt[0, 1, 4] = -math.inf  # a teacher probability of 0
+    labels = torch.randint(0, 11, (3, 6), generator=g)
+    mask = torch.ones(3, 6)
+    mask[1, 4:] = 0
+    mask[2, :2] = 0
+    results = []
+    for fn in (lambda s, t: distill_loss(s, t, labels, mask, kd_coef=kd_coef, temperature=temperature,
+                                         reduction=reduction),
+               lambda s, t: _forward_kl_before_beta(s, t, labels, mask, kd_coef, temperature, reduction)):
+        s = zs.clone().requires_grad_()
+        loss, met = fn(s, zt)
+        loss.sum().backward()
+        results.append((loss.detach(), met, s.grad))
+    (new, new_m, new_g), (old, old_m, old_g) = results
+    assert torch.equal(new, old) and torch.equal(new_g, old_g)
+    assert new_m.keys() == old_m.keys() and all(torch.equal(new_m[k], old_m[k]) for k in old_m)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3, 0.5, 1.0])
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_distill_divergence_equals_trl_generalized_jsd(beta, temperature):
+    """TRL 1.16's GKDTrainer.generalized_jsd_loss on the same logits, values and student gradients.  Conventions:
+    TRL's loss has no τ² factor (ours is τ² × TRL's), no CE term (ours with kd_coef = 1), and its "batchmean"
+    with labels is the mean over the valid tokens (ours "mean"), valid meaning label != −100 (ours: the mask)."""
+    from trl.experimental.gkd.gkd_trainer import GKDTrainer  # the test extra pins trl==1.16.0
+    g = torch.Generator().manual_seed(11)
+    zs, zt = torch.randn(2, 5, 7, generator=g) * 2, torch.randn(2, 5, 7, generator=g) * 2
+    labels = torch.randint(0, 7, (2, 5), generator=g)
+    labels[0, :2] = -100
+    labels[1, 4] = -100
+    ours_s, trl_s = zs.clone().requires_grad_(), zs.clone().requires_grad_()
+    ours, _ = distill_loss(ours_s, zt, labels.clamp(min=0), labels != -100, kd_coef=1.0, temperature=temperature,
+                           beta=beta)
+    trl = GKDTrainer.generalized_jsd_loss(trl_s, zt.clone(), labels=labels, beta=beta, temperature=temperature,
+                                          reduction="batchmean")
+    (ours / temperature**2).backward()
+    trl.backward()
+    torch.testing.assert_close(ours / temperature**2, trl, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ours_s.grad, trl_s.grad, atol=1e-6, rtol=1e-5)

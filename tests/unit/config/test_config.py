@@ -263,7 +263,7 @@ def test_every_alias_reads_as_its_option_in_every_command():
                 section = path.split(".")[0]
                 assert resolve_key(cls, alias) == resolve_key(cls, f"{section}.{alias}") == path, (cls, alias)
                 seen += 1
-    assert seen == 5 + 4 + 5 + 4  # train rl, generate, eval, iterative-dpo
+    assert seen == 5 + 4 + 5 + 4 + 4  # train rl, generate, eval, iterative-dpo, kd (its rollout section)
 
 
 @pytest.mark.parametrize("override,message", [
@@ -383,3 +383,25 @@ def test_parsing_every_command_config_imports_no_torch(tmp_path):
                           text=True, cwd=Path(__file__).parents[3], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == [str(len(COMMANDS)), "commands"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["beta=1.5"], "objective.beta: 1.5 is out of range; it must be in [0, 1]"),
+    (["lmbda=-0.5"], "objective.lmbda: -0.5 is out of range; it must be in [0, 1]"),
+    (["lmbda=0.5", "kd_coef=0"], "objective.lmbda > 0 trains on the student's own responses, whose loss is kd_coef × "
+                                 "the divergence (no CE): set objective.kd_coef > 0"),
+    (["lmbda=0.5", "pretrain_mode=true"], "objective.lmbda > 0 needs prompts for the student to answer: "
+                                          "data.pretrain_mode has none (loss on every token)"),
+    (["rollout.engine=hf"], "rollout.engine is set but objective.lmbda is 0: the rollout section applies to the "
+                            "steps on the student's own responses (objective.lmbda > 0)"),
+])
+def test_kd_generalized_jsd_and_on_policy_options(overrides, message):
+    from hpc_rlhf.config.preference import KDConfig
+    base = ["pretrain=m", "dataset=a", "teacher_pretrain=t"]
+    with pytest.raises(ConfigError) as e:
+        load_config(KDConfig, None, base + overrides)
+    assert str(e.value) == message
+    cfg = load_config(KDConfig, None, base + ["beta=0.5", "lmbda=0.25", "rollout.engine=hf", "generate_max_len=8",
+                                              "temperature=2"])
+    assert (cfg.objective.beta, cfg.objective.lmbda, cfg.objective.temperature) == (0.5, 0.25, 2.0)
+    assert (cfg.rollout.engine, cfg.rollout.generate_max_len) == ("hf", 8)
