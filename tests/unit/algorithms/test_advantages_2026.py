@@ -103,9 +103,13 @@ def test_gdpo_hand_values_with_a_zero_variance_component():
 
 
 def test_gdpo_a_tied_component_changes_nothing():
-    # a third component 5.3 everywhere (not representable: a float32 mean is an ulp off) adds exactly 0
-    with_tie = [row + [5.3] for row in COMPONENTS]
-    assert torch.equal(adv(GDPO(), SUMS, GIDS, components=with_tie), adv(GDPO(), SUMS, GIDS, components=COMPONENTS))
+    # a second component 5.3 in every sample (not representable: a float32 mean of the eight samples of group 0 is
+    # an ulp off, which eps = 1e-6 would blow up to ~0.5) adds exactly 0
+    gids = [0] * 8 + [1, 1]
+    plain = [[float(i % 2)] for i in range(8)] + [[0.0], [2.0]]
+    with_tie = [row + [5.3] for row in plain]
+    sums = [sum(row) for row in with_tie]
+    assert torch.equal(adv(GDPO(), sums, gids, components=with_tie), adv(GDPO(), sums, gids, components=plain))
     # every component tied in every group: std(S) = 0 -> 0 / (0 + eps) = exactly 0
     assert adv(GDPO(), [2.0] * 4, GIDS, components=[[1, 1]] * 4).abs().max().item() == 0.0
 
