@@ -115,7 +115,7 @@ def merge_extras(parts: list[tuple[dict[str, float], float]]) -> dict[str, float
 
 
 # keys the RL loop logs as reward/<key> itself
-RESERVED_COMPONENTS = ("mean", "invalid")
+RESERVED_COMPONENTS = ("mean", "invalid", "invalid_groups", "groups_few_valid")
 
 
 def component_rows(values: list, source: str, first: int = 0) -> tuple[tuple[str, ...], torch.Tensor]:

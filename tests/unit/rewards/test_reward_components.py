@@ -62,7 +62,8 @@ def test_parse_output_reads_a_dict_per_sample():
     ([{"a": 1}, 2.0], r"^f\.py: reward_func returned 2\.0 for sample 6 where other samples have a dict of named reward "
                       r"components$"),
     ([{"mean": 1}, {"mean": 0}], r"^f\.py: reward_func returned reward components \['mean'\] for sample 5: names must "
-                                 r"be non-empty strings without '/', not mean, invalid$"),
+                                 r"be non-empty strings without '/', not mean, invalid, invalid_groups, "
+                                 r"groups_few_valid$"),
     ({"rewards": [{"a": 1}, {"a": 0}], "extra_logs": {"a": 1.0}},
      r"^f\.py: reward_func returned 'a' both as a reward component and in extra_logs: both are logged as reward/a$"),
 ])
