@@ -25,9 +25,13 @@ Per-token reward.  Where an estimator works with token rewards it uses
 so the outcome reward sits on the last real response token (a sample with no valid token gets
 none) and padded positions are 0.
 
+Reward components.  ``components`` [B, K] (``compute`` of an estimator whose ``uses_components`` is set) are
+the named parts of each sample's reward, whose sum is its scalar reward (rewards/types.py); None when the reward
+has none, for which such an estimator takes the sequence reward as its one component.
+
 Every estimator is a small dataclass registered in ``ADVANTAGE_ESTIMATORS``.  Trainers read its
-attributes (``needs_critic``, ``kl_in_reward``, ``default_loss_agg``, ``uses_groups``) and call
-``compute``; they never branch on its name.
+attributes (``needs_critic``, ``kl_in_reward``, ``default_loss_agg``, ``uses_groups``,
+``uses_components``) and call ``compute``; they never branch on its name.
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ import torch
 from .groups import group_centered, group_mean_std, group_sum_count
 from .registry import ADVANTAGE_ESTIMATORS
 from .returns import discounted_returns, gae_advantages, outcome_token_rewards, sequence_reward
-from .whiten import AllReduce, masked_whiten
+from .whiten import AllReduce, masked_mean_var, masked_sum, masked_whiten
 
 Tensor = torch.Tensor
 
@@ -87,6 +91,7 @@ class AdvantageEstimator:
                         False = KL loss term in the policy loss (the config's use_kl_loss overrides)
       default_loss_agg  the loss_agg_mode used when the config does not set one
       uses_groups       the estimator needs ``group_ids``
+      uses_components   ``compute`` takes ``components`` [B, K] (the reward's named parts, or None)
     """
 
     name: ClassVar[str] = ""
@@ -94,6 +99,7 @@ class AdvantageEstimator:
     kl_in_reward: ClassVar[bool] = True
     default_loss_agg: ClassVar[str] = "token_mean"
     uses_groups: ClassVar[bool] = False
+    uses_components: ClassVar[bool] = False
 
     def compute(self, rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor,
                 values: Optional[Tensor] = None, group_ids: Optional[Tensor] = None,
@@ -243,6 +249,67 @@ class DrGRPO(AdvantageEstimator):
         gid = _need_groups(self.name, group_ids, rewards)
         R = sequence_reward(rewards, token_rewards, mask)
         return group_centered(R, gid, valid).float()[:, None] * mask.float(), None
+
+
+@ADVANTAGE_ESTIMATORS.register("maxrl")
+@dataclass
+class MaxRL(AdvantageEstimator):
+    """MaxRL (Tajwar et al. 2026, "Maximum Likelihood Reinforcement Learning"): A_i = (R_i − mean_g R) /
+    (mean_g R + eps), the group's reward centred and divided by its MEAN (the pass rate of a 0/1 reward), broadcast
+    to every valid token; R as in group_norm.  A group whose mean is <= 0 (no success; a negative mean would flip
+    the signs) gets A = 0, as prime-rl's; so does a group of equal rewards or of fewer than two valid samples."""
+
+    name: ClassVar[str] = "maxrl"
+    kl_in_reward: ClassVar[bool] = False
+    uses_groups: ClassVar[bool] = True
+    eps: float = 1e-6
+
+    def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
+                lambd=1.0, all_reduce=None, valid=None):
+        _check(rewards, token_rewards, mask)
+        rewards, mask = _valid_only(rewards, mask, valid)
+        gid = _need_groups(self.name, group_ids, rewards)
+        R = sequence_reward(rewards, token_rewards, mask)
+        total, count = group_sum_count(R, gid, valid)
+        mean = total / count.clamp(min=1.0)
+        a = torch.where(mean > 0, group_centered(R, gid, valid) / (mean + self.eps), 0.0)
+        return a.float()[:, None] * mask.float(), None
+
+
+@ADVANTAGE_ESTIMATORS.register("gdpo")
+@dataclass
+class GDPO(AdvantageEstimator):
+    """GDPO (Liu et al. 2026, "Group reward-Decoupled Normalization Policy Optimization"): each reward component k
+    z-scored in its group as group_norm does, A_ik = (c_ik − mean_g c_k) / (std_g c_k + eps) (sample std; 0 for
+    a tied component and a group of fewer than two valid samples), summed, S_i = Σ_k A_ik, then divided by the
+    sample std of S over the valid samples of every rank: A_i = S_i / (std(S) + eps), on every valid token.  The
+    batch mean of S is 0 by construction (each group's A_k sum to 0), so it is not subtracted.  Without
+    ``components`` the sequence reward is the one component."""
+
+    name: ClassVar[str] = "gdpo"
+    kl_in_reward: ClassVar[bool] = False
+    uses_groups: ClassVar[bool] = True
+    uses_components: ClassVar[bool] = True
+    eps: float = 1e-6
+
+    def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
+                lambd=1.0, all_reduce=None, valid=None, components=None):
+        _check(rewards, token_rewards, mask)
+        rewards, mask = _valid_only(rewards, mask, valid)
+        gid = _need_groups(self.name, group_ids, rewards)
+        if components is None:
+            components = sequence_reward(rewards, token_rewards, mask)[:, None]
+        if components.dim() != 2 or components.shape[0] != rewards.shape[0]:
+            raise ValueError(f"components must be [B, K] with B={rewards.shape[0]}, got {tuple(components.shape)}")
+        total = torch.zeros_like(rewards, dtype=torch.float64)
+        for c in components.double().unbind(1):
+            _, std = group_mean_std(c, gid, unbiased=True, valid=valid)
+            total = total + group_centered(c, gid, valid) / (std + self.eps)
+        v = (torch.ones_like(rewards) if valid is None else valid.to(rewards.dtype))[:, None]
+        _, var = masked_mean_var(total[:, None], v, all_reduce)
+        n = masked_sum(torch.ones_like(v), v, all_reduce).double()
+        std = torch.sqrt(var * n / (n - 1.0)) if n > 1 else torch.zeros_like(var)
+        return (total / (std + self.eps)).float()[:, None] * mask.float(), None
 
 
 def make_advantage_estimator(name: str, **kwargs) -> AdvantageEstimator:

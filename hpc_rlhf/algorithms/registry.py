@@ -92,7 +92,12 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage_estimator", {
     "rloo": ("advantage",),
     "group_norm": ("advantage.advantage_eps",),
     "dr_grpo": (),
+    "maxrl": ("advantage.advantage_eps",),
+    "gdpo": ("advantage.advantage_eps",),
 })
+# The estimators that normalise each named part of the reward (rewards/types.py: components) rather than the shaped
+# scalar reward: the config refuses the shaping options and reward weights with them.
+COMPONENT_ESTIMATORS = frozenset({"gdpo"})
 POLICY_LOSSES: Registry = Registry("policy_loss", {
     "ppo": ("clip",),
     "gspo": ("clip",),

@@ -52,13 +52,15 @@ class RLAlgorithm:
     def advantages(self, rewards: Tensor, mask: Tensor, group_ids: Tensor, old: Optional[Tensor],
                    ref: Optional[Tensor], values: Optional[Tensor], all_reduce: AllReduce,
                    valid: Optional[Tensor] = None, turn_rewards: Optional[Tensor] = None,
-                   engine: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor], Tensor]:
+                   engine: Optional[Tensor] = None, components: Optional[Tensor] = None
+                   ) -> tuple[Tensor, Optional[Tensor], Tensor]:
         """(advantages, returns or None, per-token KL of the samples) for one shard.  The KL (old policy
         against the reference) is measured when both log-probs are there; with the KL in the reward it
         enters the token rewards at the controller's current coefficient.  ``valid`` [B]: the samples whose
         reward exists (the others enter no statistic and get advantage 0).  ``turn_rewards`` [B, R] (multi-turn):
         rewards on given tokens, added to the token rewards (group estimators see them in the sequence reward,
-        GAE and REINFORCE in the returns).  A mask with gaps (feedback tokens between turns) is computed on
+        GAE and REINFORCE in the returns).  ``components`` [B, K]: the reward's named parts, for an estimator
+        that normalises them (``uses_components``).  A mask with gaps (feedback tokens between turns) is computed on
         the compacted action tokens (``returns.action_positions``) and expanded back, 0 on the gaps.
         ``engine`` [B, R]: the rollout engine's log-probs of the tokens, which a token mask (``algo.token_mask``)
         reads with ``old``: a dropped token gets advantage 0, and ``token_mask_metrics`` its metrics."""
@@ -68,7 +70,7 @@ class RLAlgorithm:
             def pack(x):
                 return None if x is None else compact(x, idx, cmask)
             adv, ret, kl = self.advantages(rewards, cmask, group_ids, pack(old), pack(ref), pack(values), all_reduce,
-                                           valid, pack(turn_rewards), pack(engine))
+                                           valid, pack(turn_rewards), pack(engine), components)
             R = mask.shape[1]
             return (expand(adv, idx, cmask, R), None if ret is None else expand(ret, idx, cmask, R),
                     expand(kl, idx, cmask, R))
@@ -78,9 +80,10 @@ class RLAlgorithm:
             kl = compute_kl(old, ref, self.cfg.kl.kl_estimator, mask)
             if not self.use_kl_loss:
                 token_rewards = token_rewards + kl_penalty_rewards(kl, self.kl_ctl.value, mask)
+        parts = {"components": components} if self.estimator.uses_components else {}
         adv, ret = self.estimator.compute(rewards, token_rewards, mask, values=values, group_ids=group_ids,
                                           gamma=self.cfg.advantage.gamma, lambd=self.cfg.gae.lambd,
-                                          all_reduce=all_reduce, valid=valid)
+                                          all_reduce=all_reduce, valid=valid, **parts)
         name = self.cfg.token_mask
         if name != "none":
             if old is None or engine is None:

@@ -24,8 +24,9 @@ class AdvantageOptions:
     whiten_advantages: bool | None = field(None, help="whiten the advantages over every valid token of every rank "
                                                       "(estimators that whiten: gae, reinforce and its variants); "
                                                       "null: the estimator's default")
-    advantage_eps: float | None = field(None, gt=0, help="eps of the advantage whitening, sqrt(var + eps), or of "
-                                                         "group_norm's std + eps; null: the estimator's default")
+    advantage_eps: float | None = field(None, gt=0, help="eps of the advantage whitening, sqrt(var + eps), of "
+                                                         "group_norm's and gdpo's std + eps, or of maxrl's mean + eps; "
+                                                         "null: the estimator's default")
 
 
 @dataclass

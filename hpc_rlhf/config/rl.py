@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..algorithms.registry import COMPONENT_ESTIMATORS
 from .algo import AlgoConfig
 from .base import ConfigError, field
 from .sections import (CheckpointConfig, EngineOptions, LaunchConfig, LogConfig, ModelConfig, OptimizerConfig,
@@ -295,6 +296,26 @@ class RLConfig:
         wants = [k for k in ("eval_at_start", "eval_only", "best_metric") if getattr(e, k) not in (False, None)]
         if wants and not self.data.eval_prompt_data:
             raise ConfigError(f"eval.{wants[0]} needs eval prompts: set data.eval_prompt_data")
+        self._check_component_estimator()
         if self.launch.nproc != 1:
             raise ConfigError("launch.nproc does not apply to `train rl`: its rank count follows from the placement "
                               "(placement.*_num_ranks and the colocate_* options)")
+
+    def _check_component_estimator(self) -> None:
+        """An estimator that normalises each reward component (gdpo) never sees the shaped scalar reward, the KL
+        penalty in the reward or the sources' weights: refuse what it would ignore."""
+        est = self.algo.advantage_estimator
+        if est not in COMPONENT_ESTIMATORS:
+            return
+        r = self.reward
+        shaping = {"reward.normalize_reward": r.normalize_reward, "reward.reward_clip_range": r.reward_clip_range,
+                   "reward.overlong_buffer_len": r.overlong_buffer_len, "reward.truncated_reward": r.truncated_reward,
+                   "reward.reward_weights": r.reward_weights}
+        for name, value in shaping.items():
+            if value is not None and value is not False:
+                raise ConfigError(f"{name} is set but algo.advantage_estimator {est} normalises each reward component "
+                                  f"with the same weight, not the shaped reward: return a penalty as a component of "
+                                  f"the reward function (docs/rl.md#reward-components)")
+        if self.algo.kl.init_kl_coef > 0 and self.algo.kl.use_kl_loss is False:
+            raise ConfigError(f"algo.kl.use_kl_loss is false but algo.advantage_estimator {est} normalises the reward "
+                              f"components, which hold no KL penalty: keep the KL in the loss")

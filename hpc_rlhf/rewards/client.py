@@ -10,7 +10,9 @@ answer) moves that batch to the next URL after ``backoff_s * 2**(try - 1)`` seco
 
 Samples the server itself could not score (``valid`` false in its answer) are invalid too, with the
 server's error messages.  The servers' ``predictions`` (when they send them) are kept at their samples (None
-where a sample is invalid).  More than ``max_failure_fraction`` invalid samples raise :class:`RewardError`.
+where a sample is invalid), and so are the reward components of an answer whose rewards are dicts of named
+numbers (every batch the same names, else :class:`RewardError`).  More than ``max_failure_fraction`` invalid
+samples raise :class:`RewardError`.
 
 ``extra`` holds ``reward/remote/requests/<i>`` (HTTP requests sent to ``urls[i]`` by this call, failed ones
 included), ``reward/remote/failures`` (invalid samples), ``reward/remote/failed_batches``,
@@ -33,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from .errors import RewardError
-from .types import RewardBatch, merge_extras, check_inputs
+from .types import RewardBatch, merge_extras, check_inputs, component_rows, same_components
 
 log = logging.getLogger("hpc_rlhf.rewards")
 
@@ -105,12 +107,20 @@ class RemoteReward:
             raise _TryError(f"answer is not JSON: {e}") from None
 
     @staticmethod
-    def _check_answer(ans, n: int):
+    def _check_answer(ans, n: int, source: str = "reward server", first: int = 0):
         if not isinstance(ans, dict) or not isinstance(ans.get("rewards"), list) or not isinstance(ans.get("valid"),
                                                                                                    list):
             raise _TryError("answer lacks the rewards/valid lists")
         if len(ans["rewards"]) != n or len(ans["valid"]) != n:
             raise _TryError(f"answer has {len(ans['rewards'])} rewards / {len(ans['valid'])} valid for {n} samples")
+        components = None
+        read = [r if v else None for r, v in zip(ans["rewards"], ans["valid"])]  # an invalid sample's is not read
+        if any(isinstance(r, dict) for r in read):  # reward components: the reward is their sum
+            try:
+                components = component_rows(read, source, first)
+            except ValueError as e:
+                raise _TryError(f"answer's rewards are {e}") from None
+            ans = {**ans, "rewards": components[1].sum(1).tolist()}
         rewards, valid = [], []
         for r, v in zip(ans["rewards"], ans["valid"]):
             ok = bool(v) and isinstance(r, (int, float)) and not isinstance(r, bool)
@@ -125,7 +135,7 @@ class RemoteReward:
                     any(p is not None and not isinstance(p, str) for p in predictions):
                 raise _TryError(f"answer's predictions are not a list of {n} strings or nulls")
             predictions = [p if ok else None for p, ok in zip(predictions, valid)]
-        return rewards, valid, extra, errors, predictions
+        return rewards, valid, extra, errors, predictions, components
 
     # -- one batch -------------------------------------------------------------------------------------
 
@@ -140,10 +150,10 @@ class RemoteReward:
                 counts[i] += 1
                 self.total_requests[i] += 1
             try:
-                rewards, valid, extra, errors, predictions = self._check_answer(self._post(self.urls[i], payload),
-                                                                                hi - lo)
+                rewards, valid, extra, errors, predictions, components = self._check_answer(
+                    self._post(self.urls[i], payload), hi - lo, f"reward server {self.urls[i]}", lo)
                 return {"rewards": rewards, "valid": valid, "extra": extra, "errors": errors,
-                        "predictions": predictions, "tries": attempt + 1}
+                        "predictions": predictions, "components": components, "tries": attempt + 1}
             except _TryError as e:
                 tried.append(f"{self.urls[i]}: {e}")
                 if not e.retry:
@@ -180,6 +190,8 @@ class RemoteReward:
         valid = torch.zeros(n, dtype=torch.bool)
         predictions: list[str | None] = [None] * n
         has_predictions = False
+        names: tuple[str, ...] | None = None  # the components' names (() for plain numbers) of the first answer
+        components = torch.empty(0)
         errors: list[str] = []
         parts = []
         failed_batches = retries = 0
@@ -194,6 +206,13 @@ class RemoteReward:
             if res["predictions"] is not None:
                 predictions[lo:hi] = res["predictions"]
                 has_predictions = True
+            got = res["components"] or ((), None)
+            if names is None:
+                names, names_from = got[0], lo
+                components = torch.full((n, len(names)), float("nan"))
+            same_components(got[0], names, "reward servers", lo, names_from)
+            if names:
+                components[lo:hi] = got[1].float()
             if res["errors"]:
                 errors.extend(res["errors"])
                 log.error("reward server marked %d of samples [%d, %d) failed: %s", hi - lo - sum(res["valid"]),
@@ -209,6 +228,7 @@ class RemoteReward:
             raise RewardError(f"{n_failed} of {n} remote reward samples failed (more than max_failure_fraction="
                               f"{self.max_failure_fraction:g}); first error: {first_err}")
         return RewardBatch(rewards=rewards, valid=valid, extra=extra, errors=errors,
-                           predictions=predictions if has_predictions else None)
+                           predictions=predictions if has_predictions else None,
+                           components=components if names else None, component_names=names or ())
 
     __call__ = score

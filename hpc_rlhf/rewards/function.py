@@ -28,7 +28,8 @@ code) belongs in a subprocess that ``reward_func`` starts and times out itself.
 ``reward/func/timeouts``, ``reward/func/time_s`` and, for each extra log ``name`` the function returned,
 ``reward/<name>``: its mean over the valid samples.  When the function returns ``predictions`` the result
 carries them, each at its sample whatever batch or retry scored it (None where the sample failed or a call
-returned none).
+returned none); so it carries the reward components when the function returns a dict of named numbers per sample
+(every call the same names, else :class:`RewardError`).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ import torch
 
 from .reward_file import load_reward_function, one_line, parse_output
 from .errors import RewardError
-from .types import RewardBatch, merge_extras, check_inputs
+from .types import RewardBatch, merge_extras, check_inputs, same_components
 
 log = logging.getLogger("hpc_rlhf.rewards")
 
@@ -131,9 +132,11 @@ class RewardFunction:
         predictions = None
         if run.has_predictions:
             predictions = [p if ok else None for p, ok in zip(run.predictions, run.valid.tolist())]
+        names = run.component_names or ()
         return RewardBatch(rewards=run.rewards.float(), valid=run.valid, extra=extra,
                            scores=torch.where(run.valid, run.scores, torch.nan).float(), errors=run.errors,
-                           predictions=predictions)
+                           predictions=predictions, components=run.components.float() if names else None,
+                           component_names=names)
 
     __call__ = score
 
@@ -149,6 +152,11 @@ class _Run:
         self.valid = torch.zeros(n, dtype=torch.bool)
         self.predictions: list[str | None] = [None] * n
         self.has_predictions = False  # some call returned predictions
+        # the reward components' names (() for plain numbers) as the first call that scored returned them, from
+        # sample names_from; their float64 [n, K] table (NaN until scored)
+        self.component_names: tuple[str, ...] | None = None
+        self.names_from = 0
+        self.components = torch.empty(0)
         self.errors: list[str] = []  # one per failure behind invalid samples
         self.first_error: str | None = None  # the first failure of any call, for the RewardError
         self.failed = self.failed_batches = self.retries = self.timeouts = 0
@@ -181,7 +189,7 @@ class _Run:
             problem = f"raised {type(err).__name__}: {one_line(err)}"
         else:
             try:
-                parsed = parse_output(out, hi - lo)
+                parsed = parse_output(out, hi - lo, f"{rf.path}: reward_func", lo)
             except ValueError as e:
                 problem = f"returned {e}"
             else:
@@ -220,8 +228,15 @@ class _Run:
                               f"{self.first_error}")
 
     def accept(self, lo: int, hi: int, where: str, r: torch.Tensor, s: torch.Tensor | None, logs: dict,
-               predictions: list[str | None] | None) -> None:
+               predictions: list[str | None] | None, components: tuple | None) -> None:
         ok = torch.isfinite(r)
+        names = components[0] if components is not None else ()
+        if self.component_names is None:
+            self.component_names, self.names_from = names, lo
+            self.components = torch.full((self.n, len(names)), float("nan"), dtype=torch.float64)
+        same_components(names, self.component_names, f"{self.rf.path}: reward_func", lo, self.names_from)
+        if names:
+            self.components[lo:hi] = torch.where(ok[:, None], components[1], torch.nan)
         if predictions is not None:
             self.predictions[lo:hi] = predictions
             self.has_predictions = True

@@ -4,7 +4,8 @@ The file defines::
 
     def reward_func(queries: list[str], prompts: list[str], labels: list[str]):
         ...  # return a list of floats, a tensor [B], or a dict:
-        return {"rewards": [...],                   # required, one number per sample
+        return {"rewards": [...],                   # required, one number per sample, or one dict of named
+                                                    # numbers per sample (reward components, summed to the reward)
                 "scores": [...],                    # optional, one number per sample
                 "extra_logs": {"acc": [...], ...},  # optional, per-sample lists/tensors or scalars
                 "predictions": ["9", None, ...]}    # optional, one str or None per sample (maj@k votes on them)
@@ -29,7 +30,8 @@ from typing import Callable
 import torch
 
 from .builtins import BUILTIN_PREFIX, builtin_reward
-from .errors import RewardFileError
+from .errors import RewardError, RewardFileError
+from .types import component_rows
 
 FUNC_NAME = "reward_func"
 
@@ -142,18 +144,33 @@ def _predictions(value, n: int) -> list[str | None]:
     return list(value)
 
 
-def parse_output(out, n: int):
-    """Check a ``reward_func`` return for ``n`` samples.
+def _rewards(value, n: int, source: str, first: int):
+    """The rewards (float64 [n]) and the components ((names, float64 [n, K]) or None) of a list of numbers, or of
+    a list of dicts of named numbers (their sum is the reward)."""
+    if not (isinstance(value, (list, tuple)) and any(isinstance(v, dict) for v in value)):
+        return _as_vector(value, n), None
+    if len(value) != n:
+        raise ValueError(f"a {type(value).__name__} of length {len(value)} for {n} sample{'s' if n != 1 else ''}; "
+                         f"expected one dict of reward components per sample")
+    names, table = component_rows(value, source, first)
+    return table.sum(1), (names, table)
+
+
+def parse_output(out, n: int, source: str = "reward_func", first: int = 0):
+    """Check a ``reward_func`` return for ``n`` samples (``first`` the index of the first in the caller's call,
+    ``source`` the function's name in an error).
 
     Returns ``(rewards float64 [n], scores float64 [n] or None, logs {name: float64 [n] or float},
-    predictions list of n str-or-None, or None when the function returned none)``;
-    otherwise ValueError whose message describes what was returned (it completes "reward_func returned ...").
+    predictions list of n str-or-None or None when the function returned none, components (names, float64 [n, K])
+    or None when it returned plain numbers)``; otherwise ValueError whose message describes what was returned (it
+    completes "reward_func returned ..."), or RewardError for components named differently (types.component_rows).
     Non-finite rewards are not an error here (the caller invalidates just those samples).
     """
     if out is None:
         raise ValueError("None; expected a dict with 'rewards', a tensor or a list of numbers")
     if not isinstance(out, dict):
-        return _as_vector(out, n), None, {}, None
+        rewards, components = _rewards(out, n, source, first)
+        return rewards, None, {}, None, components
 
     def entry(key: str, value) -> torch.Tensor:
         try:
@@ -163,7 +180,10 @@ def parse_output(out, n: int):
 
     if "rewards" not in out:
         raise ValueError(f"a dict without a 'rewards' key (keys: {sorted(map(str, out))})")
-    rewards = entry("'rewards'", out["rewards"])
+    try:
+        rewards, components = _rewards(out["rewards"], n, source, first)
+    except ValueError as e:
+        raise ValueError(f"a dict whose 'rewards' is {e}") from None
     scores = entry("'scores'", out["scores"]) if out.get("scores") is not None else None
     extra = out.get("extra_logs") or {}
     if not isinstance(extra, dict):
@@ -171,4 +191,8 @@ def parse_output(out, n: int):
                          f"name -> values")
     logs = {str(k): float(v) if _is_scalar(v) else entry(f"extra_logs[{k!r}]", v) for k, v in extra.items()}
     predictions = _predictions(out["predictions"], n) if out.get("predictions") is not None else None
-    return rewards, scores, logs, predictions
+    clash = sorted(set(components[0] if components else ()) & set(logs))
+    if clash:
+        raise RewardError(f"{source} returned {clash[0]!r} both as a reward component and in extra_logs: both are "
+                          f"logged as reward/{clash[0]}")
+    return rewards, scores, logs, predictions, components

@@ -5,7 +5,8 @@ Endpoints (JSON in and out):
 * ``POST /score`` with ``{"queries": [...], "prompts": [...], "labels": [...]}`` (lists of strings of one
   length; a label may be null) answers ``{"rewards": [...], "valid": [...], "extra": {...}, "errors": [...],
   "predictions": [...] or null}`` (``predictions``: the reward function's extracted answers, a string or null
-  per sample; null when it returns none).
+  per sample; null when it returns none).  When the reward function returns reward components (a dict of named
+  numbers per sample), each reward is that dict and the reward the sum of its values.
   A sample whose reward failed has ``valid`` false and reward null; ``errors`` says why.  The server never
   rejects a request because samples failed: the client decides (see :class:`~.client.RemoteReward`).
 * ``GET /health`` answers ``{"ok": true}``.  It needs no token (it reveals nothing but that the server runs),
@@ -160,9 +161,12 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as e:  # noqa: BLE001 - answer instead of dropping the connection
             log.exception("scoring a request of %d samples failed", len(queries))
             return self._error(500, f"{type(e).__name__}: {e}")
+        if batch.components is None:
+            rewards = [_finite_or_none(r) for r in batch.rewards.tolist()]
+        else:
+            rewards = [dict(zip(batch.component_names, map(_finite_or_none, row))) for row in batch.components.tolist()]
         self._send_json(200, {
-            "rewards": [_finite_or_none(r) if v else None for r, v in zip(batch.rewards.tolist(),
-                                                                         batch.valid.tolist())],
+            "rewards": [r if v else None for r, v in zip(rewards, batch.valid.tolist())],
             "valid": batch.valid.tolist(),
             "extra": {k: _finite_or_none(v) for k, v in batch.extra.items()},
             "errors": batch.errors,

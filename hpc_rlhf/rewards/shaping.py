@@ -11,14 +11,17 @@ from typing import Callable, Sequence
 
 import torch
 
+from .errors import RewardError
 from .types import RewardBatch, merge_extras
 
 
-def combine(sources: list[RewardBatch], weights: list[float]) -> RewardBatch:
+def combine(sources: list[RewardBatch], weights: list[float], names: list[str] | None = None) -> RewardBatch:
     """``sum_i weights[i] * sources[i].rewards``; a sample is valid only where every source is valid.
 
     ``extra`` merges the sources' extras (counts summed, means averaged); ``errors`` are concatenated.
     ``predictions``: per sample, the first source's (in order) that is not None; None when no source has any.
+    ``components``, given the sources' ``names``, when there are several sources or one has components: each
+    source's components, or its reward as one component named after it (unweighted; names must not repeat).
     """
     if not sources:
         raise ValueError("combine needs at least one reward source")
@@ -39,8 +42,18 @@ def combine(sources: list[RewardBatch], weights: list[float]) -> RewardBatch:
     with_predictions = [s.predictions for s in sources if s.predictions is not None]
     if with_predictions:
         predictions = [next((p[i] for p in with_predictions if p[i] is not None), None) for i in range(n)]
+    components, component_names = None, ()
+    if names is not None and (len(sources) > 1 or any(s.components is not None for s in sources)):
+        parts = [(s.components, s.component_names) if s.components is not None else (s.rewards[:, None], (name,))
+                 for s, name in zip(sources, names, strict=True)]
+        component_names = tuple(c for _, part in parts for c in part)
+        twice = sorted({c for c in component_names if component_names.count(c) > 1})
+        if twice:
+            raise RewardError(f"reward component {twice[0]!r} comes from two reward sources ({', '.join(names)}): "
+                              f"rename it")
+        components = torch.where(valid[:, None], torch.cat([c for c, _ in parts], 1), torch.nan)
     return RewardBatch(rewards=total, valid=valid, extra=extra, errors=[e for s in sources for e in s.errors],
-                       predictions=predictions)
+                       predictions=predictions, components=components, component_names=component_names)
 
 
 class RunningMoments:

@@ -6,9 +6,12 @@ caller that forgets to look at ``valid`` gets NaN losses instead of silently tra
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
+
+from .errors import RewardError
 
 # Keys of ``RewardBatch.extra`` ending with these names are counts: merging sums them; other keys are means
 # and merging averages them, weighted by the number of valid samples behind each value.
@@ -28,6 +31,8 @@ class RewardBatch:
     predictions: optional list of B answers the source extracted (str, or None where it found none or the
              sample failed), e.g. the math verifier's normalised final answer, for maj@k; None when the
              source gives none (reward models).
+    components: optional float32 [B, K], the named parts of each reward (``component_names``), whose sum is
+             the reward; NaN where ``valid`` is False; None when the source returned plain numbers.
     """
 
     rewards: torch.Tensor
@@ -36,6 +41,8 @@ class RewardBatch:
     scores: torch.Tensor | None = None
     errors: list[str] = field(default_factory=list)
     predictions: list[str | None] | None = None
+    components: torch.Tensor | None = None
+    component_names: tuple[str, ...] = ()
 
     def __post_init__(self):
         self.rewards = torch.as_tensor(self.rewards, dtype=torch.float32).reshape(-1)
@@ -55,6 +62,14 @@ class RewardBatch:
             if bad:
                 raise ValueError(f"predictions[{bad[0]}] is a {type(self.predictions[bad[0]]).__name__}; "
                                  f"expected a string or None")
+        self.component_names = tuple(self.component_names)
+        if self.components is not None:
+            self.components = torch.as_tensor(self.components, dtype=torch.float32)
+            if self.components.shape != (self.rewards.numel(), len(self.component_names)):
+                raise ValueError(f"components has shape {tuple(self.components.shape)}; expected "
+                                 f"({self.rewards.numel()}, {len(self.component_names)}), one column per name")
+        elif self.component_names:
+            raise ValueError("component_names without components")
 
     def __len__(self) -> int:
         return self.rewards.numel()
@@ -97,6 +112,59 @@ def merge_extras(parts: list[tuple[dict[str, float], float]]) -> dict[str, float
         else:
             out[k] = sum(plain[k]) / len(plain[k])
     return out
+
+
+# keys the RL loop logs as reward/<key> itself
+RESERVED_COMPONENTS = ("mean", "invalid", "invalid_groups", "groups_few_valid")
+
+
+def component_rows(values: list, source: str, first: int = 0) -> tuple[tuple[str, ...], torch.Tensor]:
+    """Rewards given as one dict of named numbers per sample (``values``: samples ``first``, ``first + 1``...; a
+    None entry is a sample without reward): their names, sorted, and a float64 [n, K] table (NaN rows for None).
+    A value that is not a number is a ValueError completing "returned ..." (that sample fails); a dict whose names
+    differ from the first one's, or a name that cannot be a metric, is a RewardError naming ``source``."""
+    names: tuple[str, ...] | None = None
+    rows = []
+    for i, v in enumerate(values):
+        if v is None:
+            rows.append(None)
+            continue
+        if not isinstance(v, dict):
+            raise RewardError(f"{source} returned {repr(v)[:40]} for sample {first + i} where other samples have a "
+                              f"dict of named reward components")
+        keys = tuple(sorted(v, key=str))
+        if names is None:
+            names, where = keys, first + i
+            bad = [k for k in names if not isinstance(k, str) or not k or "/" in k or k in RESERVED_COMPONENTS]
+            if bad or not names:
+                raise RewardError(f"{source} returned reward components {list(names)} for sample {where}: names must "
+                                  f"be non-empty strings without '/', not {', '.join(RESERVED_COMPONENTS)}")
+        else:
+            same_components(keys, names, source, first + i, where)
+        row = []
+        for k in keys:
+            x = v[k]
+            if isinstance(x, torch.Tensor) and x.numel() == 1:
+                x = x.item()
+            if not isinstance(x, numbers.Real):
+                raise ValueError(f"a list whose value {i} has component {k!r} = {repr(x)[:40]} "
+                                 f"({type(x).__name__}); expected numbers")
+            row.append(float(x))
+        rows.append(row)
+    width = len(names or ())
+    table = torch.tensor([r if r is not None else [math.nan] * width for r in rows], dtype=torch.float64)
+    return names or (), table.reshape(len(rows), width)
+
+
+def same_components(names: tuple[str, ...], expected: tuple[str, ...], source: str, sample: int,
+                    expected_sample: int) -> None:
+    """RewardError unless sample ``sample`` has the component names of sample ``expected_sample`` (() for a plain
+    number)."""
+    if names != expected:
+        def shown(x):
+            return list(x) if x else "a plain number"
+        raise RewardError(f"{source} returned reward components {shown(names)} for sample {sample} but "
+                          f"{shown(expected)} for sample {expected_sample}: every sample needs the same names")
 
 
 def check_inputs(queries: list[str], prompts: list[str], labels: list[str] | None) -> list:

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..rewards.types import same_components
+
 
 @dataclass
 class Experience:
@@ -22,6 +24,7 @@ class Experience:
     reward: float = float("nan")
     reward_valid: bool = True
     prediction: str | None = None     # the answer the reward function extracted (maj@k), None if none
+    reward_components: dict[str, float] | None = None  # the named parts of the reward (None: it has none)
     values: list[float] | None = None
     ref_logprobs: list[float] | None = None
     old_logprobs: list[float] | None = None
@@ -66,6 +69,19 @@ class Experience:
         for end, r in zip(self.turn_ends[:-1], self.turn_rewards[:-1]):
             out[end] += r
         return out
+
+
+def reward_component_table(samples: list[Experience]) -> tuple[tuple[str, ...], torch.Tensor] | None:
+    """The names of the reward components of ``samples`` and their values [B, K] (0 on the invalid samples); None
+    when no valid sample has components.  Valid samples with other names (or none) are a RewardError."""
+    named = [s for s in samples if s.reward_valid]
+    names = tuple(named[0].reward_components or ()) if named else ()
+    for s in named:
+        same_components(tuple(s.reward_components or ()), names, "the reward sources", s.uid, named[0].uid)
+    if not names:
+        return None
+    return names, torch.tensor([[s.reward_components[n] for n in names] if s.reward_valid else [0.0] * len(names)
+                                for s in samples], dtype=torch.float32).reshape(len(samples), len(names))
 
 
 def shard_groups(samples: list[Experience], n_ranks: int, index: int) -> list[Experience]:

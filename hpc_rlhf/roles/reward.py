@@ -65,13 +65,14 @@ class RewardRole:
                              f"reward sources ({', '.join(n for n, _ in self.sources)})")
 
     def score(self, samples: list[Experience]) -> tuple[list[float], list[bool], dict[str, float],
-                                                      list[str | None]]:
+                                                      list[str | None], list[dict[str, float] | None]]:
         """Raw combined rewards of ``samples`` with the length-based shaping applied, their validity, the
-        extras, and the answers a reward function extracted (``predictions``; None entries where it gave none,
-        and always for reward models)."""
+        extras, the answers a reward function extracted (``predictions``; None entries where it gave none,
+        and always for reward models), and the reward components of each valid sample ({name: value}; None for
+        the others, and for all when there is one source returning plain numbers: ``combine``)."""
         if not samples:
-            return [], [], {}, []
-        batch = combine([score(samples) for _, score in self.sources], self.weights)
+            return [], [], {}, [], []
+        batch = combine([score(samples) for _, score in self.sources], self.weights, [n for n, _ in self.sources])
         rewards = batch.rewards.clone()
         r = self.reward_cfg
         if r.overlong_buffer_len:
@@ -84,7 +85,11 @@ class RewardRole:
         if r.reward_clip_range is not None:
             rewards = clip_rewards(rewards, *r.reward_clip_range)
         predictions = batch.predictions if batch.predictions is not None else [None] * len(samples)
-        return rewards.tolist(), batch.valid.tolist(), dict(batch.extra), list(predictions)
+        components = [None] * len(samples)
+        if batch.components is not None:
+            components = [dict(zip(batch.component_names, row)) if ok else None
+                          for row, ok in zip(batch.components.tolist(), batch.valid.tolist())]
+        return rewards.tolist(), batch.valid.tolist(), dict(batch.extra), list(predictions), components
 
 def environment_weight(reward: RewardConfig, agent: AgentConfig) -> float:
     """The weight of the environment's reward in the combined reward (0 without an environment): the last of

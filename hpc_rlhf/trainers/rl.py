@@ -47,7 +47,7 @@ from ..models.paths import resolve_pretrained
 from ..rewards.shaping import RunningMoments, normalize_rewards
 from ..roles import build_roles
 from ..roles.reward import environment_weight
-from ..roles.experience import Experience, padded, shard_groups, unpadded
+from ..roles.experience import Experience, padded, reward_component_table, shard_groups, unpadded
 from ..roles.sync import WeightSync
 from .lifecycle import resume, run_in_roles
 from .placement import eval_plan, plan_from_config
@@ -159,9 +159,11 @@ class RLRun:
             rows = {k: [getattr(s, k) for s in shard]
                     for k in ("old_logprobs", "ref_logprobs", "values", "engine_logprobs")}
             old, ref, values, engine = (padded(v, R) if v[0] is not None else None for v in rows.values())
+            table = reward_component_table(shard)
+            components = None if table is None else table[1]
             adv, ret, kl = self.algo.advantages(scalar, mask, torch.tensor([s.prompt_index for s in shard]), old,
                                                 ref, values, all_reduce=sum_over_ranks, valid=valid,
-                                                turn_rewards=turn_rewards, engine=engine)
+                                                turn_rewards=turn_rewards, engine=engine, components=components)
             metrics.update(self.algo.token_mask_metrics)
             for s, a in zip(shard, unpadded(adv, shard)):
                 s.advantages = a
@@ -193,6 +195,10 @@ class RLRun:
         self.algo.update_kl(merged, len(samples))
         raw = [s.reward for s in samples if s.reward_valid]
         lengths = [s.action_length for s in samples]
+        table = reward_component_table(samples)
+        if table is not None:  # each component's mean over the valid samples
+            means = table[1].sum(0) / max(len(raw), 1)
+            merged.update({f"reward/{name}": float(m) for name, m in zip(table[0], means)})
         merged.update({
             "reward/mean": sum(raw) / max(len(raw), 1),
             "reward/invalid": float(sum(not s.reward_valid for s in samples)),

@@ -129,15 +129,15 @@ class Collector:
         mine, extra = {}, {}
         if self.reward is not None:
             shard = shard_groups(samples, len(self.ctx.plan.ranks_of("reward")), self.ctx.role_rank("reward"))
-            rewards, valid, extra, predictions = self.reward.score(shard)
-            mine = {s.uid: (r, v, p) for s, r, v, p in zip(shard, rewards, valid, predictions)}
+            rewards, valid, extra, predictions, components = self.reward.score(shard)
+            mine = {s.uid: (r, v, p, c) for s, r, v, p, c in zip(shard, rewards, valid, predictions, components)}
         exchange = self.ctx.control.all_gather_object if self.r.dynamic_filtering else self.exchange_trainers
         gathered = exchange((mine, extra))
         if not gathered:
             return {}
         scores = {k: v for part, _ in gathered for k, v in part.items()}
         for s in samples:
-            s.reward, s.reward_valid, s.prediction = scores[s.uid]
+            s.reward, s.reward_valid, s.prediction, s.reward_components = scores[s.uid]
         return _summed(e for _, e in gathered)
 
     def collect(self, step: int) -> tuple[list[Experience], dict[str, float]]:

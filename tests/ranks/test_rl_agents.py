@@ -331,7 +331,7 @@ def _collector_run(scores: dict, rewards: dict) -> tuple[list, dict]:
                 for i, _ in prompts for k in range(n)]
 
     def score(shard):
-        return ([rewards[s.uid] for s in shard], [True] * len(shard), {}, [None] * len(shard))
+        return ([rewards[s.uid] for s in shard], [True] * len(shard), {}, [None] * len(shard), [None] * len(shard))
     schedule = SimpleNamespace(draw=lambda step, round_, count: [(round_ * 2 + j, None) for j in range(count)],
                                total_steps=1)
     rollout = SimpleNamespace(generate=generate, engine=SimpleNamespace(work_done=dict))

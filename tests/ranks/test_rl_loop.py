@@ -142,6 +142,8 @@ def test_reward_model_remote_server_and_dynamic_filtering(assets):
         assert m["reward/remote/requests/0"] >= 1
         assert m["reward/invalid"] == 0
         assert "rollout/filtered_groups" in m and "rollout/filled_groups" in m
+        # several sources: each is a component of the reward, logged unweighted; the file and its server agree
+        assert m["reward/func"] == m["reward/remote"] > 0 and "reward/model" in m
     assert metrics[-1]["eval/prompts"] == 6 and "eval/reward_mean" in metrics[-1]  # greedy eval at the end
 
 

@@ -245,6 +245,8 @@ def test_registry_units_and_errors():
         "rloo": (False, True, "token_mean", True),
         "group_norm": (False, False, "seq_mean", True),
         "dr_grpo": (False, False, "constant", True),
+        "maxrl": (False, False, "token_mean", True),
+        "gdpo": (False, False, "token_mean", True),
     }
     with pytest.raises(KeyError, match="known: dr_grpo, gae"):
         ADVANTAGE_ESTIMATORS.get("ppo2")

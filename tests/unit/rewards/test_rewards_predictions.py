@@ -58,7 +58,7 @@ def test_reward_batch_checks_predictions():
 
 
 def test_parse_output_predictions():
-    r, s, logs, preds = parse_output({"rewards": [1, 0, 1], "predictions": ["9", None, "3:4"]}, 3)
+    r, s, logs, preds, _ = parse_output({"rewards": [1, 0, 1], "predictions": ["9", None, "3:4"]}, 3)
     assert r.tolist() == [1.0, 0.0, 1.0] and s is None and logs == {} and preds == ["9", None, "3:4"]
     assert parse_output({"rewards": [1, 0]}, 2)[3] is None
     assert parse_output({"rewards": [1, 0], "predictions": None}, 2)[3] is None
@@ -140,10 +140,10 @@ def _role(extra=()):
 
 def test_reward_role_returns_predictions():
     samples = [_sample(0, "The answer is 12.", "12 eggs"), _sample(1, "no idea", "3"), _sample(2, "#### 4:5", "4:5")]
-    rewards, valid, extra, predictions = _role().score(samples)
+    rewards, valid, extra, predictions, _ = _role().score(samples)
     assert rewards == [1.0, 0.0, 1.0] and valid == [True] * 3 and predictions == ["12", None, "4:5"]
     assert extra["reward/accuracy"] == pytest.approx(2 / 3)
-    assert _role().score([]) == ([], [], {}, [])
+    assert _role().score([]) == ([], [], {}, [], [])
 
 
 def test_collector_sets_each_samples_prediction():
