@@ -87,6 +87,8 @@ class AdvantageEstimator:
                         False = KL loss term in the policy loss (the config's use_kl_loss overrides)
       default_loss_agg  the loss_agg_mode used when the config does not set one
       uses_groups       the estimator needs ``group_ids``
+      needs_teacher     the estimator scores the samples against a teacher: the reference role runs the teacher
+                        (model.teacher_pretrain) and ``compute`` takes ``logprobs`` and ``teacher_logprobs``
     """
 
     name: ClassVar[str] = ""
@@ -94,6 +96,7 @@ class AdvantageEstimator:
     kl_in_reward: ClassVar[bool] = True
     default_loss_agg: ClassVar[str] = "token_mean"
     uses_groups: ClassVar[bool] = False
+    needs_teacher: ClassVar[bool] = False
 
     def compute(self, rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor,
                 values: Optional[Tensor] = None, group_ids: Optional[Tensor] = None,
@@ -251,7 +254,8 @@ def make_advantage_estimator(name: str, **kwargs) -> AdvantageEstimator:
 
 
 # algo option -> the estimator field it sets (null options keep the estimator's default)
-CONFIG_FIELDS = {"whiten_advantages": "whiten", "advantage_eps": "eps"}
+CONFIG_FIELDS = {"whiten_advantages": "whiten", "advantage_eps": "eps", "teacher_kl_coef": "teacher_kl_coef",
+                 "task_reward_weight": "task_reward_weight"}
 
 
 def estimator_from_config(algo: Any) -> AdvantageEstimator:

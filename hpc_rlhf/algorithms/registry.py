@@ -92,6 +92,7 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage_estimator", {
     "rloo": ("advantage",),
     "group_norm": ("advantage.advantage_eps",),
     "dr_grpo": (),
+    "opd": ("opd",),
 })
 POLICY_LOSSES: Registry = Registry("policy_loss", {
     "ppo": ("clip",),
