@@ -99,6 +99,7 @@ def test_the_algorithm_runs_the_teacher_in_the_reference_role():
     the student's to the teacher: S - T on the valid tokens."""
     algo = _algorithm("n_samples_per_prompt=2", "task_reward_weight=0.5")
     assert algo.needs_reference and algo.needs_old_logprobs and not algo.needs_critic
+    assert _algorithm("use_kl_loss=true").needs_old_logprobs  # the KL's place does not matter: no KL, a teacher
     assert algo.agg_mode == "token_mean"
     adv, ret, kl = algo.advantages(torch.tensor([1.0, 0.0, 3.0, 3.0]), MASK, GIDS, S, T, None, all_reduce=None)
     want = [[-0.25, 0.25, 1.25], [-0.25, 1.75, 0.0], [-0.2, 0.0, -0.5], [2.0, 0.0, 0.0]]
