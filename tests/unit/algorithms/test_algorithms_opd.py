@@ -192,3 +192,17 @@ def test_equal_to_trl_iw_opd_with_no_position_weight():
     assert torch.allclose(ours_logits.grad, trl_logits.grad, atol=1e-6)
     assert loss.item() == pytest.approx(float(-adv.sum() / n), abs=1e-6)
     assert trl_loss.item() == pytest.approx(float(-(adv * logp.detach()).sum() / n), abs=1e-6)
+
+
+def test_the_teacher_is_placed_as_the_reference_is():
+    """With no KL coefficient the reference role exists for the teacher alone: ref_num_ranks ranks of its own, or
+    the actor's ranks with colocate_actor_ref; it loads model.teacher_pretrain."""
+    from hpc_rlhf.trainers.placement import plan_from_config
+    args = ["pretrain=/m", "prompt_data=/p.jsonl", "reward_func=builtin:math", "advantage_estimator=opd",
+            "teacher_pretrain=/t", "ref_num_ranks=2"]
+    apart = load_config(RLConfig, None, args)
+    assert [(c.name, list(c.ranks)) for c in plan_from_config(apart).components] == [
+        ("actor", [0]), ("reference", [1, 2]), ("reward", [3]), ("rollout", [4])]
+    assert apart.reference_pretrain() == "/t"
+    together = load_config(RLConfig, None, args + ["colocate_actor_ref=true"])
+    assert plan_from_config(together).components[0].roles == ("actor", "reference")
