@@ -28,12 +28,13 @@ from .returns import sequence_reward
 @ADVANTAGE_ESTIMATORS.register("opd")
 @dataclass
 class OnPolicyDistillation(AdvantageEstimator):
-    """``teacher_kl_coef`` is c, ``task_reward_weight`` w of the module doc.  ``compute`` takes ``logprobs``, the
-    student's log-probs of its sampled tokens (the old policy's), and ``teacher_logprobs`` [B, R], the teacher's."""
+    """``teacher_kl_coef`` is c, ``task_reward_weight`` w of the module doc (w > 0 needs ``group_ids``).
+    ``compute`` takes ``logprobs``, the student's log-probs of its sampled tokens (the old policy's), and
+    ``teacher_logprobs`` [B, R], the teacher's.  ``uses_groups`` stays False: the teacher's term gives a lone
+    sample of its prompt an advantage, so the loop's count of groups whose advantages are all 0 does not apply."""
 
     name: ClassVar[str] = "opd"
     needs_teacher: ClassVar[bool] = True
-    uses_groups: ClassVar[bool] = True
     teacher_kl_coef: float = 1.0
     task_reward_weight: float = 0.0
 

@@ -146,10 +146,11 @@ rl_stage("ppo", {"advantage_estimator": "gae", "gae": {"lambd": 0.95}},
 
 
 # On-policy distillation: the SFT model samples, the GRPO stage's model scores every sampled token; as many samples
-# a step as GRPO's, half its steps.  Settings chosen on the validation sums (docs/runs/demo/README.md).
+# a step as GRPO's (one per prompt: no group is compared), half its steps.  Settings chosen on the validation sums
+# of seed 1 among five (docs/runs/demo/opd_tuning.jsonl).
 OPD = {"algo": {"advantage_estimator": "opd"},
-       "rollout": {"n_samples_per_prompt": 2, "rollout_batch_size": 64},
-       "train": {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 1e-4}}
+       "rollout": {"n_samples_per_prompt": 1, "rollout_batch_size": 128},
+       "train": {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 5e-5}}
 
 
 def opd_config(ctx: DemoContext, eval_file: Path, steps: int, settings: dict = OPD) -> dict:

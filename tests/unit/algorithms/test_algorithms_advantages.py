@@ -256,7 +256,7 @@ def test_registry_units_and_errors():
         "rloo": (False, True, "token_mean", True),
         "group_norm": (False, False, "seq_mean", True),
         "dr_grpo": (False, False, "constant", True),
-        "opd": (False, True, "token_mean", True),
+        "opd": (False, True, "token_mean", False),
     }
     with pytest.raises(KeyError, match="known: dr_grpo, gae"):
         ADVANTAGE_ESTIMATORS.get("ppo2")
