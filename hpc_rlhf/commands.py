@@ -23,7 +23,7 @@ from .distributed.preemption import EXIT_STOPPED, RunStopped
 from .distributed import scratch
 from .distributed.rendezvous import restarted
 from .logging import wandb_sink
-from .models.paths import resolve_pretrained, resolve_tokenizer
+from .models.paths import resolve_pretrained, resolve_tokenizer, tokenizers_differ
 from .rewards.builtins import check_reward_source
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,10 @@ def exit_code(error: BaseException) -> int:
 
 def check_inputs(cfg) -> None:
     """ConfigError naming the option when a model, file or data source the run reads cannot be found (a missing
-    local path, or a hub name while offline): a few file-system lookups, before any rank loads anything."""
-    for key, f, value in leaf_values(cfg):
+    local path, or a hub name while offline), or when a model's tokenizer is not the one its option must share
+    (``same_tokenizer_as``; two local folders compared): a few file-system lookups, before any rank loads anything."""
+    leaves = leaf_values(cfg)
+    for key, f, value in leaves:
         check = _CHECKS.get(f.metadata.get("path"))
         if check is None or value is None:
             continue
@@ -139,6 +141,12 @@ def check_inputs(cfg) -> None:
                 check(item)
             except user_errors() as e:
                 raise ConfigError(f"{key}: {e}") from None
+    values = {key: value for key, _, value in leaves}
+    for key, f, value in leaves:
+        other = f.metadata.get("same_tokenizer_as")
+        if other and value is not None and tokenizers_differ(value, values[other]):
+            raise ConfigError(f"{key}: the tokenizer of {value} is not the one of {other} {values[other]} (their "
+                              f"vocabularies or token ids differ); the two models must score the same token ids")
 
 
 def node_environment(cfg) -> None:

@@ -92,6 +92,8 @@ class AdvantageEstimator:
       default_loss_agg  the loss_agg_mode used when the config does not set one
       uses_groups       the estimator needs ``group_ids``
       uses_components   ``compute`` takes ``components`` [B, K] (the reward's named parts, or None)
+      needs_teacher     the estimator scores the samples against a teacher: the reference role runs the teacher
+                        (model.teacher_pretrain) and ``compute`` takes ``logprobs`` and ``teacher_logprobs``
     """
 
     name: ClassVar[str] = ""
@@ -100,6 +102,7 @@ class AdvantageEstimator:
     default_loss_agg: ClassVar[str] = "token_mean"
     uses_groups: ClassVar[bool] = False
     uses_components: ClassVar[bool] = False
+    needs_teacher: ClassVar[bool] = False
 
     def compute(self, rewards: Tensor, token_rewards: Optional[Tensor], mask: Tensor,
                 values: Optional[Tensor] = None, group_ids: Optional[Tensor] = None,
@@ -318,7 +321,8 @@ def make_advantage_estimator(name: str, **kwargs) -> AdvantageEstimator:
 
 
 # algo option -> the estimator field it sets (null options keep the estimator's default)
-CONFIG_FIELDS = {"whiten_advantages": "whiten", "advantage_eps": "eps"}
+CONFIG_FIELDS = {"whiten_advantages": "whiten", "advantage_eps": "eps", "teacher_kl_coef": "teacher_kl_coef",
+                 "task_reward_weight": "task_reward_weight"}
 
 
 def estimator_from_config(algo: Any) -> AdvantageEstimator:

@@ -94,6 +94,7 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage_estimator", {
     "dr_grpo": (),
     "maxrl": ("advantage.advantage_eps",),
     "gdpo": ("advantage.advantage_eps",),
+    "opd": ("opd",),
 })
 # The estimators that normalise each named part of the reward (rewards/types.py: components) rather than the shaped
 # scalar reward: the config refuses the shaping options and reward weights with them.

@@ -1,6 +1,6 @@
 """The RL algorithm as one object, built once from the ``algo`` config section and the registries.
 
-It holds every decision that depends on the algorithm: which roles the run needs (critic, reference),
+It holds every decision that depends on the algorithm: which roles the run needs (critic, reference or teacher),
 where the KL goes (a penalty in the reward, or a term of the loss), the loss aggregation, whether the
 actor needs an old-policy pass, the KL controller, the advantages of a shard of samples, and the token
 losses of the actor and the critic.  The RL loop (trainers/rl.py) and the roles read its attributes and
@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from . import opd  # noqa: F401  (registers the advantage estimator "opd")
 from .advantages import estimator_from_config
 from .aggregation import StepNorm, aggregate
 from .kl import compute_kl, kl_penalty_rewards, make_kl_controller
@@ -37,15 +38,17 @@ class RLAlgorithm:
         self.estimator = estimator_from_config(algo)
         self.needs_critic: bool = self.estimator.needs_critic
         kl = algo.kl
-        self.needs_reference: bool = kl.init_kl_coef > 0
+        # an estimator that needs a teacher gets it in the reference role (model.teacher_pretrain)
+        self.needs_reference: bool = kl.init_kl_coef > 0 or self.estimator.needs_teacher
         self.use_kl_loss: bool = kl.use_kl_loss if kl.use_kl_loss is not None else not self.estimator.kl_in_reward
         self.agg_mode: str = algo.loss_agg_mode or self.estimator.default_loss_agg
         self.kl_ctl = make_kl_controller(kl.init_kl_coef, kl.kl_target, kl.kl_horizon)
         # With one optimizer step on fresh samples the policy that generated them is the one being trained,
         # so the old log-probs equal the training forward's (detached) and need no extra pass, unless the KL
-        # penalty goes into the reward (it needs them before the advantages), or a token mask reads them there.
+        # penalty goes into the reward or a teacher scores the samples (both need them before the advantages), or a
+        # token mask reads them there.
         self.needs_old_logprobs: bool = (not single_update or (self.needs_reference and not self.use_kl_loss)
-                                         or algo.token_mask != "none")
+                                         or self.estimator.needs_teacher or algo.token_mask != "none")
         self.token_mask_metrics: dict[str, float] = {}  # the token mask's, from the last advantages() call
 
     # ---- advantages ---------------------------------------------------------------------------------------
@@ -63,7 +66,9 @@ class RLAlgorithm:
         that normalises them (``uses_components``).  A mask with gaps (feedback tokens between turns) is computed on
         the compacted action tokens (``returns.action_positions``) and expanded back, 0 on the gaps.
         ``engine`` [B, R]: the rollout engine's log-probs of the tokens, which a token mask (``algo.token_mask``)
-        reads with ``old``: a dropped token gets advantage 0, and ``token_mask_metrics`` its metrics."""
+        reads with ``old``: a dropped token gets advantage 0, and ``token_mask_metrics`` its metrics.  An estimator
+        that needs a teacher gets ``old`` as the student's log-probs and ``ref``, the reference role's, as the
+        teacher's; the KL measured is then the student's to the teacher."""
         if has_gaps(mask):
             idx, cmask = action_positions(mask)
 
@@ -81,6 +86,8 @@ class RLAlgorithm:
             if not self.use_kl_loss:
                 token_rewards = token_rewards + kl_penalty_rewards(kl, self.kl_ctl.value, mask)
         parts = {"components": components} if self.estimator.uses_components else {}
+        if self.estimator.needs_teacher:
+            parts |= {"logprobs": old, "teacher_logprobs": ref}
         adv, ret = self.estimator.compute(rewards, token_rewards, mask, values=values, group_ids=group_ids,
                                           gamma=self.cfg.advantage.gamma, lambd=self.cfg.gae.lambd,
                                           all_reduce=all_reduce, valid=valid, **parts)

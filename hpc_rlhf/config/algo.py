@@ -49,6 +49,15 @@ class ClipOptions:
 
 
 @dataclass
+class OPDOptions:
+    """On-policy distillation: the teacher's per-token reverse KL as the advantage (docs/algorithms.md)."""
+    teacher_kl_coef: float = field(1.0, gt=0, help="c in A_t = −c·(log π_student(y_t) − log π_teacher(y_t)) + w·(R − "
+                                                   "mean_group(R)): the weight of the teacher's term")
+    task_reward_weight: float = field(0.0, ge=0, help="w: the weight of the task reward centred on its group (0: "
+                                                      "pure distillation; > 0 needs n_samples_per_prompt >= 2)")
+
+
+@dataclass
 class KLOptions:
     """The KL to the reference model: its coefficient, estimator, place and controller."""
     init_kl_coef: float = field(0.0, ge=0, help="KL coefficient (0: no reference model)")
@@ -138,6 +147,12 @@ class AlgoConfig:
     dppo_tv: DPPOTVOptions = field(default_factory=DPPOTVOptions, help="policy_loss dppo_tv")
     dppo_kl: DPPOKLOptions = field(default_factory=DPPOKLOptions, help="policy_loss dppo_kl")
     m2po: M2POOptions = field(default_factory=M2POOptions, help="token_mask m2po")
+    opd: OPDOptions = field(default_factory=OPDOptions, help="advantage_estimator opd")
+
+    def needs_teacher(self) -> bool:
+        """The advantage estimator scores the samples against a teacher (it reads the ``opd`` section): the
+        reference role runs model.teacher_pretrain."""
+        return "opd" in ADVANTAGE_ESTIMATORS.declared.get(self.advantage_estimator, ())
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -152,6 +167,10 @@ class AlgoConfig:
                     readers = ", ".join(name for name, paths in reads.items() if path in paths)
                     raise ConfigError(f"algo.{path} is set but algo.{f.name} is {unit!r}: it applies to "
                                       f"{f.name} {readers}")
+        if self.needs_teacher() and self.kl.init_kl_coef > 0:
+            raise ConfigError(f"algo.kl.init_kl_coef={self.kl.init_kl_coef} with advantage_estimator "
+                              f"{self.advantage_estimator!r}: its reference role runs the teacher, whose KL is the "
+                              f"advantage already (algo.opd.teacher_kl_coef weighs it); set init_kl_coef to 0")
         b = self.is_bounds
         if b.is_low >= b.is_high:
             raise ConfigError(f"algo.is_bounds.is_low and is_high need 0 <= is_low < is_high, got is_low={b.is_low}, "

@@ -62,7 +62,7 @@ def _num(x: float) -> str:
 def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | None = None, registry: Any = None,
           default_factory: Any = dataclasses.MISSING, ge: float | None = None, gt: float | None = None,
           le: float | None = None, lt: float | None = None, unbounded: bool = False, path: str | None = None,
-          aliases: tuple[str, ...] = ()):
+          aliases: tuple[str, ...] = (), same_tokenizer_as: str | None = None):
     """A dataclass field that carries its help text (used by the generated reference).
 
     ``choices`` are the values allowed; ``registry`` (a ``Registry`` of units) allows the names registered in
@@ -72,7 +72,8 @@ def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | Non
     string naming what the run reads, checked before any rank starts: "model" (a model folder or hub name),
     "tokenizer" (a model whose tokenizer is read too: a folder must hold the tokenizer's files), "file" (a local
     file), "data" (data sources), "reward" (a reward-function file or built-in) or "agent" (an environment file: it
-    is imported and must define an environment).  ``aliases`` are other names of the
+    is imported and must define an environment).  ``same_tokenizer_as`` names the option of another model (a dotted
+    path) whose tokenizer this one's must be, compared with the paths.  ``aliases`` are other names of the
     option, read wherever its own name is (``resolve_key``).
     """
     meta: dict[str, Any] = {"help": help}
@@ -86,6 +87,8 @@ def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | Non
         meta["registry"] = registry
     if path is not None:
         meta["path"] = path
+    if same_tokenizer_as is not None:
+        meta["same_tokenizer_as"] = same_tokenizer_as
     if aliases:
         meta["aliases"] = tuple(aliases)
     if default_factory is not dataclasses.MISSING:

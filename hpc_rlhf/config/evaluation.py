@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .base import ConfigError, field
 from .rl import (AgentConfig, EvalConfig, EvalSamplingConfig, PlacementConfig, PromptDataConfig, PromptFormat,
-                 RewardConfig, RLConfig, RLTrainConfig, RolloutConfig, require_reward_source)
+                 RewardConfig, RLConfig, RLModelConfig, RLTrainConfig, RolloutConfig, require_reward_source)
 from .sections import CheckpointConfig, LaunchConfig, LogConfig, ModelConfig
 from .slurm import SlurmConfig
 
@@ -75,7 +75,8 @@ class EvalRunConfig:
                                     colocate_all=p.colocate_reward, collective_timeout_s=p.collective_timeout_s,
                                     dead_rank_timeout_s=p.dead_rank_timeout_s)
         out = Path(self.output_path)
-        return RLConfig(model=self.model, data=data, reward=self.reward,
+        model = RLModelConfig(**{f.name: getattr(self.model, f.name) for f in dataclasses.fields(ModelConfig)})
+        return RLConfig(model=model, data=data, reward=self.reward,
                         rollout=dataclasses.replace(self.rollout, rollout_batch_size=1, n_samples_per_prompt=1),
                         train=RLTrainConfig(seed=self.seed, train_batch_size=1), placement=placement,
                         ckpt=CheckpointConfig(save_path=str(out), ckpt_path=str(out / "checkpoints")),

@@ -216,10 +216,11 @@ class RLTrainConfig(OptimizerConfig):
 class PlacementConfig:
     actor_num_ranks: int = field(1, ge=1, help="ranks running the actor (DeepSpeed data parallel)")
     critic_num_ranks: int = field(1, ge=1, help="ranks running the critic (when the estimator needs one)")
-    ref_num_ranks: int = field(1, ge=1, help="ranks running the reference model (when init_kl_coef > 0)")
+    ref_num_ranks: int = field(1, ge=1, help="ranks running the reference model (when init_kl_coef > 0), or the "
+                                             "teacher (advantage_estimator opd)")
     reward_num_ranks: int = field(1, ge=1, help="ranks scoring rewards")
     rollout_num_ranks: int = field(1, ge=1, help="ranks generating")
-    colocate_actor_ref: bool = field(False, help="reference on the actor's ranks")
+    colocate_actor_ref: bool = field(False, help="reference (or teacher) on the actor's ranks")
     colocate_critic_reward: bool = field(False, help="reward model on the critic's ranks")
     colocate_actor_reward: bool = field(False, help="reward role on the actor's ranks (a reward function or "
                                                     "remote reward needs no rank of its own)")
@@ -234,8 +235,16 @@ class PlacementConfig:
 
 
 @dataclass
+class RLModelConfig(ModelConfig):
+    teacher_pretrain: str | None = field(None, path="tokenizer", same_tokenizer_as="model.pretrain",
+                                         help="the teacher of on-policy distillation (advantage_estimator opd): HF "
+                                              "model folder run frozen in the reference role; its tokenizer must "
+                                              "be the actor's (folders are compared before any rank starts)")
+
+
+@dataclass
 class RLConfig:
-    model: ModelConfig = field(help="the actor (policy) model")
+    model: RLModelConfig = field(help="the actor (policy) model, and the teacher of on-policy distillation")
     data: PromptDataConfig = field(help="prompts")
     reward: RewardConfig = field(help="reward sources and shaping")
     critic_pretrain: str | None = field(None, path="model", help="critic initialisation (default: reward_pretrain, "
@@ -262,6 +271,10 @@ class RLConfig:
             return self.agent.max_context_len
         return self.data.prompt_max_len + self.rollout.generate_max_len
 
+    def reference_pretrain(self) -> str:
+        """The model the reference role runs: the teacher, else ref_pretrain, else the actor's initial model."""
+        return self.model.teacher_pretrain or self.ref_pretrain or self.model.pretrain
+
     def max_action_tokens(self) -> int:
         """Sampled tokens of one sample at most (Dr. GRPO's constant divisor)."""
         g = self.rollout.generate_max_len
@@ -269,6 +282,7 @@ class RLConfig:
 
     def validate(self) -> None:
         require_reward_source(self.reward, self.agent)
+        self._check_teacher()
         m = self.rollout.vllm.max_model_len
         if self.agent.agent_func_path and self.rollout.engine == "vllm" and m is not None \
                 and m < self.agent.max_context_len:
@@ -319,3 +333,20 @@ class RLConfig:
         if self.algo.kl.init_kl_coef > 0 and self.algo.kl.use_kl_loss is False:
             raise ConfigError(f"algo.kl.use_kl_loss is false but algo.advantage_estimator {est} normalises the reward "
                               f"components, which hold no KL penalty: keep the KL in the loss")
+    def _check_teacher(self) -> None:
+        """A teacher exactly when the estimator needs one, in the reference role alone; a task reward to centre
+        on its group needs groups."""
+        a, teacher = self.algo, self.model.teacher_pretrain
+        if a.needs_teacher() and not teacher:
+            raise ConfigError(f"algo.advantage_estimator {a.advantage_estimator!r} needs a teacher: set "
+                              f"model.teacher_pretrain")
+        if teacher and not a.needs_teacher():
+            raise ConfigError(f"model.teacher_pretrain is set but algo.advantage_estimator is "
+                              f"{a.advantage_estimator!r}, which reads no teacher (opd does)")
+        if teacher and self.ref_pretrain:
+            raise ConfigError("ref_pretrain and model.teacher_pretrain are both set: with a teacher the reference "
+                              "role runs the teacher; leave ref_pretrain unset")
+        n = self.rollout.n_samples_per_prompt
+        if a.needs_teacher() and a.opd.task_reward_weight > 0 and n < 2:
+            raise ConfigError(f"algo.opd.task_reward_weight={a.opd.task_reward_weight} centres each reward on its "
+                              f"group: it needs rollout.n_samples_per_prompt >= 2, got {n}")

@@ -119,6 +119,7 @@ def rl_stage(name: str, algo: dict, rollout: dict, train: dict, placement: dict 
             "log": {"logging_steps": 1},
         }
         model_dir = run_training(ctx, "rl", name, config)
+        ctx.models[name] = model_dir
         metrics = [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
         rewards = [m["reward/mean"] for m in metrics]
         k = max(1, len(rewards) // 5)
@@ -142,6 +143,64 @@ rl_stage("ppo", {"advantage_estimator": "gae", "gae": {"lambd": 0.95}},
          {"n_samples_per_prompt": 2, "rollout_batch_size": 64},
          {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 5e-5,
           "critic_learning_rate": 2e-4, "freezing_actor_steps": 3, "max_steps": 40})
+
+
+# On-policy distillation: the SFT model samples, the GRPO stage's model scores every sampled token; as many samples
+# a step as GRPO's (one per prompt: no group is compared), half its steps.  Settings chosen on the validation sums
+# of seed 1 among five (docs/runs/demo/opd_tuning.jsonl).
+OPD = {"algo": {"advantage_estimator": "opd"},
+       "rollout": {"n_samples_per_prompt": 1, "rollout_batch_size": 128},
+       "train": {"train_batch_size": 128, "micro_train_batch_size": 128, "actor_learning_rate": 5e-5}}
+
+
+def opd_config(ctx: DemoContext, eval_file: Path, steps: int, settings: dict = OPD) -> dict:
+    """The `train rl` config of the opd stage: the SFT model the student, the GRPO stage's model the teacher, greedy
+    accuracy on ``eval_file`` before the first step and after every step."""
+    return {
+        "model": {"pretrain": str(ctx.models["sft"]), "teacher_pretrain": str(ctx.models["grpo"]),
+                  "param_dtype": "fp32"},
+        "data": {"prompt_data": [str(ctx.train_file)], "eval_prompt_data": [str(eval_file)], "input_key": "input",
+                 "label_key": "label"},
+        "reward": {"reward_func": str(REWARD_FILE)},
+        "algo": settings["algo"],
+        "rollout": {"generate_max_len": 6, "engine": ctx.engine, "vllm": {"max_model_len": 32}, **settings["rollout"]},
+        "train": {"zero_stage": 2, "seed": ctx.seed, "lr_scheduler": "constant_with_warmup", "lr_warmup_ratio": 0.0,
+                  "max_steps": steps, **settings["train"]},
+        "eval": {"eval_at_start": True},
+        "placement": {"colocate_all": True, "actor_num_ranks": ctx.nproc},
+        "ckpt": {"save_path": str(ctx.out / "opd"), "ckpt_path": str(ctx.out / "opd_ckpt")},
+        "log": {"logging_steps": 1, "eval_steps": 1},
+    }
+
+
+def accuracy_per_step(metrics: list[dict]) -> list[float]:
+    """The greedy accuracy of each eval row (``eval/pass@1``, one sample per prompt at temperature 0): before the
+    first step, then after each step."""
+    return [round(m["eval/pass@1"], 4) for m in metrics if "eval/pass@1" in m]
+
+
+@stage("opd")
+def opd_stage(ctx: DemoContext) -> dict:
+    """On-policy distillation (advantage_estimator opd): the student is the SFT model, the teacher the GRPO stage's
+    model; the student samples, the teacher's log-probs of the sampled tokens give each token its advantage (its
+    negative reverse KL), no reward in it.  The run lasts half the GRPO stage's steps; the held-out accuracy is
+    measured before the first step and after each (``heldout_accuracy_per_step``, index = steps done).
+    ``steps_to_target``: the first step whose held-out accuracy is at least the teacher's minus 0.03 (null: none)."""
+    t0 = time.time()
+    teacher = ctx.results["grpo"]
+    model_dir = run_training(ctx, "rl", "opd", opd_config(ctx, ctx.heldout_file, teacher["steps"] // 2))
+    ctx.models["opd"] = model_dir
+    metrics = [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    per_step = accuracy_per_step(metrics)
+    target = teacher["heldout_accuracy"] - 0.03
+    kl = [m["kl"] for m in metrics if "kl" in m]
+    return {**accuracies(ctx, model_dir), "teacher_heldout_accuracy": teacher["heldout_accuracy"],
+            "grpo_steps": teacher["steps"], "heldout_accuracy_per_step": per_step,
+            "steps_to_target": next((i for i, a in enumerate(per_step) if a >= target), None),
+            "kl_first": round(kl[0], 4), "kl_last": round(kl[-1], 4), "seconds": round(time.time() - t0, 1)}
+
+
+opd_stage.needs = ("grpo",)
 
 
 ENV_FILE = Path(__file__).with_name("addition_env.py")
@@ -356,12 +415,24 @@ def kto_stage(ctx: DemoContext) -> dict:
 kto_stage.needs = ("sft",)
 
 
+def with_needs(stages: list[str]) -> list[str]:
+    """``stages`` in their order, each after the stages whose models it starts from (pulled in when missing, and
+    theirs in turn)."""
+    out: list[str] = []
+
+    def add(name: str) -> None:
+        for need in getattr(STAGES.get(name), "needs", ()):
+            add(need)
+        if name not in out:
+            out.append(name)
+    for name in stages:
+        add(name)
+    return out
+
+
 def run_demo(stages: list[str], out: Path, nproc: int, seed: int, engine: str = "auto") -> dict:
     unknown = [s for s in stages if s not in STAGES]
-    for name in list(stages):  # a stage that starts from another's model pulls that stage in first
-        for need in getattr(STAGES.get(name), "needs", ()):
-            if need not in stages:
-                stages.insert(0, need)
+    stages = with_needs(stages)
     if unknown:
         raise SystemExit(f"hpc-rlhf demo: unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}")
     out.mkdir(parents=True, exist_ok=True)

@@ -56,7 +56,7 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
                                        lora and role == "actor", t.adam_offload, t.micro_train_batch_size, seq,
                                        m.gradient_checkpointing, logits)
     if plan.has("reference"):
-        out["reference"] = memory.frozen(model_shape(cfg.ref_pretrain or m.pretrain), m.param_dtype)
+        out["reference"] = memory.frozen(model_shape(cfg.reference_pretrain()), m.param_dtype)
     if plan.has("reward"):
         out["reward"] = (memory.frozen(model_shape(cfg.reward.reward_pretrain), m.param_dtype)
                          if cfg.reward.reward_pretrain else {})

@@ -2,6 +2,8 @@
 holds a tokenizer.  No torch: the config checks of a login node's commands use it."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -48,3 +50,23 @@ def resolve_tokenizer(name: str) -> str:
                                 f"of a slow tokenizer ({', '.join(TOKENIZER_FILES[1:])}); copy the tokenizer files "
                                 f"of the model it was trained from into it")
     return path
+
+
+def _tokenizer_identity(path: str):
+    """What decides the token ids of the tokenizer in the folder ``path``, read without building it: tokenizer.json's
+    model (vocabulary, merges) and added tokens, else the hashes of the slow tokenizer's files."""
+    fast = os.path.join(path, "tokenizer.json")
+    if os.path.isfile(fast):
+        with open(fast) as f:
+            spec = json.load(f)
+        return spec.get("model"), [(t.get("id"), t.get("content")) for t in spec.get("added_tokens", [])]
+    files = [f for f in (*TOKENIZER_FILES[1:], "merges.txt", "added_tokens.json")
+             if os.path.isfile(os.path.join(path, f))]
+    return {f: hashlib.sha256(Path(path, f).read_bytes()).hexdigest() for f in files}
+
+
+def tokenizers_differ(a: str, b: str) -> bool:
+    """The model folders ``a`` and ``b`` hold tokenizers that give other token ids (another vocabulary, other
+    merges or added tokens); a hub name is not a local folder and is not compared (False)."""
+    a, b = os.path.expanduser(a), os.path.expanduser(b)
+    return os.path.isdir(a) and os.path.isdir(b) and _tokenizer_identity(a) != _tokenizer_identity(b)

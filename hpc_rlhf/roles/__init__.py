@@ -31,7 +31,7 @@ def build_roles(cfg, ctx, algo, total_optimizer_steps: int, tokenizer, device) -
     pad, m, t, r = tokenizer.pad_token_id, cfg.model, cfg.train, cfg.rollout
     steps, world = total_optimizer_steps, ctx.world_size
     critic_model = dataclasses.replace(m, pretrain=cfg.critic_pretrain or cfg.reward.reward_pretrain or m.pretrain)
-    ref_model = dataclasses.replace(m, pretrain=cfg.ref_pretrain or m.pretrain, gradient_checkpointing=False)
+    ref_model = dataclasses.replace(m, pretrain=cfg.reference_pretrain(), gradient_checkpointing=False)
     return Roles(
         actor=Actor(m, t, r.temperature, cfg.max_action_tokens(), algo, steps, world, pad, device)
         if ctx.has("actor") else None,

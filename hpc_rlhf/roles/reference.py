@@ -1,4 +1,5 @@
-"""The reference policy: frozen, log-probs of the generated responses for the KL term."""
+"""The reference policy: frozen, log-probs of the generated responses for the KL term, or the teacher's for on-policy
+distillation (the same pass with model.teacher_pretrain)."""
 from __future__ import annotations
 
 from ..config.rl import RLTrainConfig

@@ -15,7 +15,7 @@ def plan_from_config(cfg: RLConfig) -> PlacementPlan:
     needs_critic = "critic" in ADVANTAGE_ESTIMATORS.declared[cfg.algo.advantage_estimator]
     sizes = {"actor": p.actor_num_ranks, "rollout": p.rollout_num_ranks, "reward": p.reward_num_ranks,
              "critic": p.critic_num_ranks if needs_critic else 0,
-             "reference": p.ref_num_ranks if cfg.algo.kl.init_kl_coef > 0 else 0}
+             "reference": p.ref_num_ranks if cfg.algo.kl.init_kl_coef > 0 or cfg.algo.needs_teacher() else 0}
     plan = make_plan(sizes, p.colocate_actor_ref, p.colocate_critic_reward, p.colocate_all,
                      p.colocate_actor_reward)
     for c in plan.components:

@@ -81,3 +81,12 @@ def test_demo_splits_are_disjoint_unordered_pairs():
     assert not set(unordered(train)) & set(unordered(validation))
     assert not set(unordered(validation)) & set(unordered(held))
     assert make_task(2)[2] != held  # another seed, other pairs
+
+
+def test_a_stage_runs_after_the_stages_whose_models_it_starts_from():
+    """opd starts from the SFT model and the GRPO stage's, which starts from the SFT model: asked alone it runs
+    after both, in that order; asked before its needs it still runs after them."""
+    from hpc_rlhf.demo.run import with_needs
+    assert with_needs(["opd"]) == ["sft", "grpo", "opd"]
+    assert with_needs(["opd", "grpo"]) == ["sft", "grpo", "opd"]
+    assert with_needs(["grpo", "sft", "rm"]) == ["sft", "grpo", "rm"]

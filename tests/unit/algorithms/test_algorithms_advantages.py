@@ -15,6 +15,7 @@ import torch
 
 from _thread_ranks import thread_ranks
 
+import hpc_rlhf.algorithms.opd  # noqa: F401  (registers the estimator "opd")
 from hpc_rlhf.algorithms.advantages import GAE, Reinforce, estimator_from_config, make_advantage_estimator
 from hpc_rlhf.algorithms.groups import contiguous_group_ids, group_mean_std
 from hpc_rlhf.algorithms.registry import ADVANTAGE_ESTIMATORS, Registry
@@ -30,6 +31,16 @@ ZERO = torch.zeros(4, 3)
 def rows(x, mask=MASK):
     """Valid entries of each row, as python lists (rounded)."""
     return [[round(float(v), 5) for v, m in zip(r, mr) if m > 0] for r, mr in zip(x, mask)]
+
+
+def with_teacher(name, student, teacher):
+    """The estimator ``name`` and, when it needs a teacher, the keyword arguments of its log-probs: ``student``'s
+    and ``teacher``'s (opd with a task reward too, so that every input counts)."""
+    est = make_advantage_estimator(name)
+    if not est.needs_teacher:
+        return est, {}
+    est.task_reward_weight = 0.5
+    return est, {"logprobs": student, "teacher_logprobs": teacher}
 
 
 def test_outcome_token_rewards_puts_reward_on_last_valid_token():
@@ -223,12 +234,12 @@ def test_gae_gamma_half_lambda_half():
 def test_estimators_two_ranks_equal_one_rank():
     # whole groups per rank: ranks hold samples {0,1} and {2,3}
     for name in ADVANTAGE_ESTIMATORS.names():
-        est = make_advantage_estimator(name)
+        est, teacher = with_teacher(name, -VALUES, -VALUES.flip(0))
 
         def call(sl, ar=None):
             return est.compute(REWARDS[sl], torch.full((4, 3), -0.1)[sl], MASK[sl],
                                values=VALUES[sl], group_ids=GIDS[sl], gamma=0.9, lambd=0.8,
-                               all_reduce=ar)[0]
+                               all_reduce=ar, **{k: v[sl] for k, v in teacher.items()})[0]
         full = call(slice(0, 4))
         parts = thread_ranks([lambda ar: call(slice(0, 2), ar), lambda ar: call(slice(2, 4), ar)])
         assert torch.allclose(torch.cat(parts), full, atol=1e-6), name
@@ -247,6 +258,7 @@ def test_registry_units_and_errors():
         "dr_grpo": (False, False, "constant", True),
         "maxrl": (False, False, "token_mean", True),
         "gdpo": (False, False, "token_mean", True),
+        "opd": (False, True, "token_mean", False),
     }
     with pytest.raises(KeyError, match="known: dr_grpo, gae"):
         ADVANTAGE_ESTIMATORS.get("ppo2")
@@ -268,8 +280,8 @@ def test_garbage_on_padding_does_not_leak():
     values = torch.where(pad.bool(), torch.tensor(inf), VALUES)
     tok = torch.where(pad.bool(), torch.tensor(nan), torch.full((4, 3), -0.1))
     for name in ADVANTAGE_ESTIMATORS.names():
-        adv, ret = make_advantage_estimator(name).compute(REWARDS, tok, MASK, values=values,
-                                                          group_ids=GIDS, gamma=0.9, lambd=0.8)
+        est, teacher = with_teacher(name, torch.where(pad.bool(), nan, -VALUES), torch.where(pad.bool(), -inf, -1.0))
+        adv, ret = est.compute(REWARDS, tok, MASK, values=values, group_ids=GIDS, gamma=0.9, lambd=0.8, **teacher)
         assert torch.isfinite(adv).all() and (adv * pad).abs().sum() == 0, name
         assert ret is None or (torch.isfinite(ret).all() and (ret * pad).abs().sum() == 0), name
 

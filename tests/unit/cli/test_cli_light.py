@@ -92,3 +92,18 @@ def test_a_model_folder_without_a_tokenizer_is_refused_before_torch(inputs, comm
     line = [x for x in out["stderr"].splitlines() if "has no tokenizer" in x]
     assert len(line) == 1 and f"model folder {inputs / 'bare'} has no tokenizer: it needs tokenizer.json, or " \
         "the vocabulary of a slow tokenizer (tokenizer.model, " in line[0], out["stderr"][-2000:]
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_before_torch(inputs):
+    """On-policy distillation compares the student's and the teacher's log-probs of the same token ids: a teacher
+    folder whose tokenizer gives other ids stops `train rl` with one line naming both folders, exit 2."""
+    m, teacher = inputs / "m", inputs / "other_vocab"
+    teacher.mkdir()
+    (teacher / "config.json").write_text((m / "config.json").read_text())
+    (teacher / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}}}))
+    out = probe("train", "rl", f"pretrain={m}", f"prompt_data={inputs / 'd.jsonl'}", "reward_func=builtin:math",
+                "advantage_estimator=opd", f"teacher_pretrain={teacher}")
+    assert out["rc"] == 2 and out["loaded"] == [], out["stderr"][-2000:]
+    assert out["stderr"].splitlines() == [
+        f"hpc-rlhf: config error: model.teacher_pretrain: the tokenizer of {teacher} is not the one of model.pretrain "
+        f"{m} (their vocabularies or token ids differ); the two models must score the same token ids"]

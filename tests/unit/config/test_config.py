@@ -111,6 +111,7 @@ RL_BASE = ["pretrain=m", "prompt_data=p.jsonl", "reward_func=r.py"]
 REGISTERED = {"algo.advantage_estimator": "ADVANTAGE_ESTIMATORS", "algo.policy_loss": "POLICY_LOSSES",
               "algo.kl.kl_estimator": "KL_ESTIMATORS", "algo.loss_agg_mode": "LOSS_AGGREGATIONS",
               "algo.is_correction": "IS_CORRECTIONS", "algo.token_mask": "TOKEN_MASKS"}
+UNIT_NEEDS = {"opd": ["teacher_pretrain=t"]}  # the options a unit's config check asks for
 
 
 @pytest.mark.parametrize("key", sorted(REGISTERED))
@@ -124,8 +125,8 @@ def test_registered_unit_names_are_checked_at_parse_time(key):
         load_config(RLConfig, None, RL_BASE + [f"{key}=nonsense"])
     assert f"{key}: 'nonsense' is not allowed; choose one of" in str(e.value)
     assert all(repr(n) in str(e.value) for n in names), str(e.value)
-    for name in names:  # every registered name is accepted
-        value = load_config(RLConfig, None, RL_BASE + [f"{key}={name}"])
+    for name in names:  # every registered name is accepted (with what it needs: opd a teacher)
+        value = load_config(RLConfig, None, RL_BASE + [f"{key}={name}", *UNIT_NEEDS.get(name, [])])
         for attr in key.split("."):
             value = getattr(value, attr)
         assert value == name
@@ -326,8 +327,10 @@ def test_declared_units_are_the_registered_ones_and_read_what_they_take():
         assert {o for o, f in CONFIG_FIELDS.items() if f in fields} == {p.split(".")[1] for p in paths} & set(
             CONFIG_FIELDS), unit
         assert cls.needs_critic == ("critic.value_clip" in paths), unit
+        assert cls.needs_teacher == ("opd.teacher_kl_coef" in paths), unit  # a teacher when it reads the opd section
+        teacher = {"logprobs": -values, "teacher_logprobs": -values.flip(0)} if cls.needs_teacher else {}
         for option, changed in (("advantage.gamma", {"gamma": 0.5}), ("gae.lambd", {"lambd": 0.5})):
-            knobs = {"gamma": 1.0, "lambd": 1.0}
+            knobs = {"gamma": 1.0, "lambd": 1.0, **teacher}
             a, b = (cls().compute(rewards, token_rewards, mask, values=values, group_ids=groups, **k)[0]
                     for k in (knobs, knobs | changed))
             assert (not torch.equal(a, b)) == (option in paths), (unit, option)

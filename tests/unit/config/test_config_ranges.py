@@ -71,13 +71,15 @@ def test_every_numeric_option_declares_its_range():
 TOKENIZER_FROM = {name: {"reward.reward_pretrain"} if name == "score" else
                   {"model.pretrain", "reward.reward_pretrain"} if name == "iterative-dpo" else {"model.pretrain"}
                   for name in COMMANDS}
+TOKENIZER_FROM["train rl"].add("model.teacher_pretrain")  # its tokenizer files are compared with the actor's
 
 
 def test_every_model_and_file_option_is_checked_before_the_ranks_start():
     for name, command in COMMANDS.items():
         for path, (_, f, _) in leaf_paths(resolve(command.config)).items():
             leaf = path.rsplit(".", 1)[-1]
-            if leaf.endswith("pretrain"):  # the tokenizer is read from the trained (generating, scoring) model only
+            if leaf.endswith("pretrain"):  # the tokenizer is read from the trained (generating, scoring) model, and a
+                # teacher's compared with it
                 assert f.metadata.get("path") == ("tokenizer" if path in TOKENIZER_FROM[name] else "model"), \
                     (name, path)
             if leaf in ("input_path", "dpo_config"):
