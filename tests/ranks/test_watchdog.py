@@ -13,20 +13,29 @@ ROLES_JOB = Path(__file__).resolve().parents[1] / "support" / "roles_job.py"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_dead_store_host_is_named_in_one_line(tmp_path):
+def _start_ranks(tmp_path: Path, scenario: str) -> list[subprocess.Popen]:
+    """Three ranks of tests/support/roles_job.py SCENARIO started as srun starts them; returns once each has
+    written its marker."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, WORLD_SIZE="3", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, str(ROLES_JOB), "barriers", str(tmp_path)], env=dict(env, RANK=str(r)),
+    procs = [subprocess.Popen([sys.executable, str(ROLES_JOB), scenario, str(tmp_path)], env=dict(env, RANK=str(r)),
                               stderr=subprocess.PIPE, text=True) for r in range(3)]
+    deadline = time.time() + 90
+    while not all((tmp_path / f"rank-{r}").is_file() for r in range(3)):
+        if any(p.poll() is not None for p in procs) or time.time() > deadline:
+            for p in procs:
+                p.kill()
+            raise AssertionError(f"the ranks did not start: {[p.communicate()[1][-2000:] for p in procs]}")
+        time.sleep(0.1)
+    return procs
+
+
+def test_dead_store_host_is_named_in_one_line(tmp_path):
+    procs = _start_ranks(tmp_path, "barriers")
     try:
-        deadline = time.time() + 90
-        while not all((tmp_path / f"rank-{r}").is_file() for r in range(3)):
-            assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs if p.poll()]
-            assert time.time() < deadline, "the ranks did not start"
-            time.sleep(0.1)
         procs[0].kill()
         errs = {r: procs[r].communicate(timeout=60)[1] for r in (1, 2)}
     finally:
@@ -45,19 +54,8 @@ def test_a_stop_signal_shortens_the_wait_even_while_the_ranks_wait_inside_gloo(t
     (5 s on small clusters).  Ranks 0 and 1 wait inside a gloo receive (the Python signal handler cannot run
     there), peers count as dead after 60 s: rank 2 is killed, the others get SIGTERM, and each still names rank
     2 within a few heartbeats, before a KillWait would end it unnamed."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, WORLD_SIZE="3", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, str(ROLES_JOB), "stuck", str(tmp_path)], env=dict(env, RANK=str(r)),
-                              stderr=subprocess.PIPE, text=True) for r in range(3)]
+    procs = _start_ranks(tmp_path, "stuck")
     try:
-        deadline = time.time() + 90
-        while not all((tmp_path / f"rank-{r}").is_file() for r in range(3)):
-            assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs if p.poll()]
-            assert time.time() < deadline, "the ranks did not start"
-            time.sleep(0.1)
         time.sleep(1.5)  # ranks 0 and 1 are inside their receive
         procs[2].kill()
         t0 = time.time()
