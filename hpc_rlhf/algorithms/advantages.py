@@ -111,6 +111,12 @@ class AdvantageEstimator:
         """(advantages [B, R], returns [B, R] or None); both float32 and 0 on padding and on invalid samples."""
         raise NotImplementedError
 
+    def _grouped(self, rewards, token_rewards, mask, group_ids, valid):
+        """The checked inputs of a group estimator: (rewards and mask with the invalid samples zeroed, group ids)."""
+        _check(rewards, token_rewards, mask)
+        rewards, mask = _valid_only(rewards, mask, valid)
+        return rewards, mask, _need_groups(self.name, group_ids, rewards)
+
 
 @ADVANTAGE_ESTIMATORS.register("gae")
 @dataclass
@@ -177,9 +183,7 @@ class ReinforceBaseline(Reinforce):
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
                 lambd=1.0, all_reduce=None, valid=None):
-        _check(rewards, token_rewards, mask)
-        rewards, mask = _valid_only(rewards, mask, valid)
-        gid = _need_groups(self.name, group_ids, rewards)
+        rewards, mask, gid = self._grouped(rewards, token_rewards, mask, group_ids, valid)
         shaped = group_centered(rewards.float(), gid, valid).float()
         return self._returns(shaped, token_rewards, mask, gamma, all_reduce)
 
@@ -197,9 +201,7 @@ class RLOO(Reinforce):
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
                 lambd=1.0, all_reduce=None, valid=None):
-        _check(rewards, token_rewards, mask)
-        rewards, mask = _valid_only(rewards, mask, valid)
-        gid = _need_groups(self.name, group_ids, rewards)
+        rewards, mask, gid = self._grouped(rewards, token_rewards, mask, group_ids, valid)
         r = rewards.float()
         _, c = group_sum_count(r, gid, valid)
         shaped = group_centered(r, gid, valid) * c / (c - 1.0).clamp(min=1.0)   # a lone valid sample: 0
@@ -223,9 +225,7 @@ class GroupNorm(AdvantageEstimator):
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
                 lambd=1.0, all_reduce=None, valid=None):
-        _check(rewards, token_rewards, mask)
-        rewards, mask = _valid_only(rewards, mask, valid)
-        gid = _need_groups(self.name, group_ids, rewards)
+        rewards, mask, gid = self._grouped(rewards, token_rewards, mask, group_ids, valid)
         R = sequence_reward(rewards, token_rewards, mask)
         _, std = group_mean_std(R, gid, unbiased=True, valid=valid)
         a = group_centered(R, gid, valid) / (std + self.eps)
@@ -247,9 +247,7 @@ class DrGRPO(AdvantageEstimator):
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
                 lambd=1.0, all_reduce=None, valid=None):
-        _check(rewards, token_rewards, mask)
-        rewards, mask = _valid_only(rewards, mask, valid)
-        gid = _need_groups(self.name, group_ids, rewards)
+        rewards, mask, gid = self._grouped(rewards, token_rewards, mask, group_ids, valid)
         R = sequence_reward(rewards, token_rewards, mask)
         return group_centered(R, gid, valid).float()[:, None] * mask.float(), None
 
@@ -269,9 +267,7 @@ class MaxRL(AdvantageEstimator):
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
                 lambd=1.0, all_reduce=None, valid=None):
-        _check(rewards, token_rewards, mask)
-        rewards, mask = _valid_only(rewards, mask, valid)
-        gid = _need_groups(self.name, group_ids, rewards)
+        rewards, mask, gid = self._grouped(rewards, token_rewards, mask, group_ids, valid)
         R = sequence_reward(rewards, token_rewards, mask)
         total, count = group_sum_count(R, gid, valid)
         mean = total / count.clamp(min=1.0)
@@ -297,9 +293,7 @@ class GDPO(AdvantageEstimator):
 
     def compute(self, rewards, token_rewards, mask, values=None, group_ids=None, gamma=1.0,
                 lambd=1.0, all_reduce=None, valid=None, components=None):
-        _check(rewards, token_rewards, mask)
-        rewards, mask = _valid_only(rewards, mask, valid)
-        gid = _need_groups(self.name, group_ids, rewards)
+        rewards, mask, gid = self._grouped(rewards, token_rewards, mask, group_ids, valid)
         if components is None:
             components = sequence_reward(rewards, token_rewards, mask)[:, None]
         if components.dim() != 2 or components.shape[0] != rewards.shape[0]:
