@@ -27,6 +27,11 @@ def test_demo_learns(tmp_path):
         assert report[stage]["heldout_accuracy"] > sft, stage
     for stage in ("grpo", "grpo_async", "reinforce_baseline", "rloo", "ppo"):
         assert report[stage]["reward_mean_last"] > report[stage]["reward_mean_first"], stage
+    # on-policy distillation of the GRPO model into the SFT model (docs/runs/demo/: the teacher's held-out accuracy
+    # minus 0.03 reached in 3-7 steps on seeds 1-3, at most half of GRPO's steps asked; 0.14-0.24 over SFT at the end)
+    opd = report["opd"]
+    assert opd["steps_to_target"] is not None and opd["steps_to_target"] <= opd["grpo_steps"] // 2
+    assert opd["heldout_accuracy"] >= sft + 0.10 and opd["kl_last"] < opd["kl_first"]
     # the preference stages, on (true sum, wrong sum) pairs of held-out sums
     assert report["rm"]["heldout_pair_accuracy"] >= 0.8
     assert report["dpo"]["heldout_pair_accuracy"] >= 0.8
