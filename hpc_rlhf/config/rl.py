@@ -235,6 +235,25 @@ class PlacementConfig:
 
 
 @dataclass
+class PlanConfig:
+    """What `hpc-rlhf plan` checks the placement against and estimates its step time for (docs/hpc.md#planning-a-
+    large-run); the run itself reads none of it."""
+    gpu: Literal["none", "a800-80g", "a100-80g", "h100-80g", "h200-141g"] = field(
+        "none", help="the GPU model of the job's nodes (hpc_rlhf/config/gpus.py: memory, bf16 peak, HBM, NVLink and "
+                     "network bandwidth from the data sheets): `plan` says whether each role fits its GPUs, `plan "
+                     "--estimate` prints seconds per phase; none: no GPU check")
+    gpus_per_node: int = field(8, ge=1, help="GPUs per node: a role on a node's GPUs or fewer talks over NVLink, "
+                                             "a larger one, and the bridge of a job of several nodes, over the "
+                                             "network")
+    network_gb_per_s: float | None = field(None, gt=0, help="network bandwidth per GPU between nodes, GB/s one way "
+                                                            "(null: the GPU's DGX system: 25 for A100/A800, 50 for "
+                                                            "H100/H200)")
+    prompt_len: int | None = field(None, ge=1, help="mean prompt tokens of the estimate (null: data.prompt_max_len)")
+    response_len: int | None = field(None, ge=1, help="mean response tokens of the estimate (null: "
+                                                      "rollout.generate_max_len)")
+
+
+@dataclass
 class RLModelConfig(ModelConfig):
     teacher_pretrain: str | None = field(None, path="tokenizer", same_tokenizer_as="model.pretrain",
                                          help="the teacher of on-policy distillation (advantage_estimator opd): HF "
@@ -264,6 +283,8 @@ class RLConfig:
                                                                     "count comes from the placement)")
     slurm: SlurmConfig = field(default_factory=SlurmConfig, help="SLURM job: resources per role, preemption, "
                                                                "requeue")
+    plan: PlanConfig = field(default_factory=PlanConfig, help="GPU model and workload of `hpc-rlhf plan`'s memory "
+                                                              "check and step-time estimate")
 
     def sequence_len(self) -> int:
         """Tokens of one sample at most: prompt + response, or the multi-turn context budget."""

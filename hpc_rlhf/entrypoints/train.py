@@ -64,7 +64,8 @@ def cmd_plan(args: argparse.Namespace, rest: list[str]) -> int:
     from ..launch.plan import run_plan
     name = commands.TRAIN + args.trainer
     cfg = commands.load_config(name, args.config, rest)
-    return run_plan(args.trainer, cfg, commands.placement_plan(name, cfg), args.config, rest, args.script_only)
+    return run_plan(args.trainer, cfg, commands.placement_plan(name, cfg), args.config, rest, args.script_only,
+                    args.estimate, args.auto)
 
 
 def cmd_submit(args: argparse.Namespace, rest: list[str]) -> int:
@@ -133,6 +134,10 @@ def _add_job_args(c: argparse.ArgumentParser) -> None:
 def add_plan_args(c: argparse.ArgumentParser) -> None:
     _add_job_args(c)
     c.add_argument("--script-only", action="store_true", help="print only the sbatch script")
+    c.add_argument("--estimate", action="store_true", help="on plan.gpu: also print the seconds of each phase of "
+                                                           "one step (docs/hpc.md#planning-a-large-run)")
+    c.add_argument("--auto", type=int, metavar="GPUS", help="on plan.gpu: also print the placement of GPUS GPUs "
+                                                            "with the least estimated step time next to the config's")
 
 
 def add_submit_args(c: argparse.ArgumentParser) -> None:

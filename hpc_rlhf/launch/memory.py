@@ -2,7 +2,7 @@
 
 Counts (bytes per parameter; N parameters, D data-parallel ranks of the role; h hidden, kv the key/value
 width, i the MLP width, V the vocabulary; b = 2 for bf16 values, 4 for fp32):
-- weights: b; ZeRO-3 divides them by D.
+- weights: b; ZeRO-3 divides them by D (a frozen reference or reward model of `train rl` too).
 - gradients of a trained model: b; ZeRO-2/3 divide them by D.
 - AdamW: two fp32 moments (8) plus an fp32 master copy (4) when the weights are bf16; ZeRO-1/2/3
   divide them by D; with `adam_offload` they sit in CPU memory instead.
@@ -70,8 +70,9 @@ def trained(shape: ModelShape, param_dtype: str, zero_stage: int, ranks: int, lo
     return out
 
 
-def frozen(shape: ModelShape, param_dtype: str) -> dict[str, int]:
-    return {"weights": shape.params * dtype_bytes(param_dtype)}
+def frozen(shape: ModelShape, param_dtype: str, ranks: int = 1, zero_stage: int = 0) -> dict[str, int]:
+    """A frozen model's weights; ZeRO-3 shards them over the ``ranks`` of its role (roles/reference.py)."""
+    return {"weights": shape.params * dtype_bytes(param_dtype) // (ranks if zero_stage == 3 else 1)}
 
 
 def shared_weights(shape: ModelShape, param_dtype: str) -> int:

@@ -8,7 +8,8 @@ from ..distributed.weight_sync import BUCKET_BYTES
 from ..generation.factory import choose, vllm_installed
 from ..generation.specs import SHARED
 from ..models.shape import model_shape
-from . import memory
+from ..config import ConfigError
+from . import estimate, memory
 from .job import JobComponent, components, is_hetjob
 from .sbatch import python_command, render
 
@@ -56,9 +57,11 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
                                        lora and role == "actor", t.adam_offload, t.micro_train_batch_size, seq,
                                        m.gradient_checkpointing, logits)
     if plan.has("reference"):
-        out["reference"] = memory.frozen(model_shape(cfg.reference_pretrain()), m.param_dtype)
+        out["reference"] = memory.frozen(model_shape(cfg.reference_pretrain()), m.param_dtype,
+                                         len(plan.ranks_of("reference")), t.zero_stage)
     if plan.has("reward"):
-        out["reward"] = (memory.frozen(model_shape(cfg.reward.reward_pretrain), m.param_dtype)
+        out["reward"] = (memory.frozen(model_shape(cfg.reward.reward_pretrain), m.param_dtype,
+                                       len(plan.ranks_of("reward")), t.zero_stage)
                          if cfg.reward.reward_pretrain else {})
     if plan.has("rollout"):
         r = cfg.rollout
@@ -97,7 +100,28 @@ def _component_line(c: JobComponent, width: int) -> str:
     return f"  {c.name:<{width}}  ranks {c.first_rank}-{last} ({c.ntasks} tasks)  {device}, {where}{part}"
 
 
-def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[str]) -> str:
+def gpu_lines(cfg, plan, with_estimate: bool, auto_gpus: int | None) -> list[str]:
+    """On `plan.gpu`: whether each role fits, and with ``with_estimate`` the seconds per phase, and with
+    ``auto_gpus`` the placement of that many GPUs chosen from the estimate (launch/estimate.py)."""
+    if plan is None or getattr(getattr(cfg, "plan", None), "gpu", "none") == "none":
+        if with_estimate or auto_gpus:
+            raise ConfigError("--estimate and --auto need a `train rl` config with plan.gpu set (e.g. "
+                              "plan.gpu=a800-80g)")
+        return []
+    try:
+        models, layout, work, machine = estimate.from_config(cfg, plan)
+    except (OSError, ValueError) as exc:
+        return ["", f"memory per GPU: unknown: {exc}"]
+    lines = ["", *estimate.describe_fits(estimate.fits(models, layout, work, machine.gpu), machine.gpu)]
+    if with_estimate:
+        lines += ["", *estimate.describe_estimate(estimate.estimate(models, layout, work, machine), work)]
+    if auto_gpus:
+        lines += ["", *estimate.describe_auto(auto_gpus, models, layout, work, machine)]
+    return lines
+
+
+def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[str], with_estimate: bool = False,
+             auto_gpus: int | None = None) -> str:
     comps = components(cfg, plan)
     het = is_hetjob(comps, cfg.slurm.hetjob)
     lines = [f"hpc-rlhf plan: train {trainer}, {sum(c.ntasks for c in comps)} ranks, "
@@ -128,6 +152,7 @@ def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[s
         lines += ["per rank (its roles' lasting parts, the largest phase of one role: activations, logits or kv "
                   f"cache, and {memory.gib(memory.RUNTIME_BYTES)} runtime):"]
         lines += [f"  {c.name:<{width}}  {memory.gib(total):>10}" for c, total in rank_memory(cfg, plan, per_role)]
+    lines += gpu_lines(cfg, plan, with_estimate, auto_gpus)
     lines += ["", "sbatch script (`hpc-rlhf submit` submits this; `hpc-rlhf plan ... --script-only > job.sbatch` "
               "saves it for `sbatch job.sbatch`):", "", job_script(cfg, trainer, plan, config_path, overrides)]
     return "\n".join(lines)
@@ -139,8 +164,29 @@ def job_script(cfg, trainer: str, plan, config_path: str | None, overrides: list
                   max_restarts=cfg.launch.max_restarts)
 
 
-def run_plan(trainer: str, cfg, plan, config_path: str | None, overrides: list[str], script_only: bool) -> int:
+def run_plan(trainer: str, cfg, plan, config_path: str | None, overrides: list[str], script_only: bool,
+             with_estimate: bool = False, auto_gpus: int | None = None) -> int:
     text = job_script(cfg, trainer, plan, config_path, overrides) if script_only else \
-        describe(cfg, trainer, plan, config_path, overrides)
+        describe(cfg, trainer, plan, config_path, overrides, with_estimate, auto_gpus)
     sys.stdout.write(text)
+    if misfit := too_large(cfg, plan):
+        print(f"error: {misfit}", file=sys.stderr)
+        return 2
     return 0
+
+
+def too_large(cfg, plan) -> str | None:
+    """One line naming the first group of GPUs the run does not fit on `plan.gpu`, else None."""
+    if plan is None or getattr(getattr(cfg, "plan", None), "gpu", "none") == "none":
+        return None
+    try:
+        models, layout, work, machine = estimate.from_config(cfg, plan)
+    except (OSError, ValueError):
+        return None
+    for f in estimate.fits(models, layout, work, machine.gpu):
+        if not f.fits:
+            need = f"needs {memory.gib(f.per_gpu)} per GPU" if f.group != "rollout" else f.note
+            return (f"{f.group} on {f.gpus} x {machine.gpu.name} ({memory.gib(machine.gpu.memory_bytes)}): {need}; "
+                    f"more GPUs for it, train.adam_offload, train.zero_stage=3 or a smaller "
+                    f"train.micro_train_batch_size (memory per GPU above)")
+    return None
