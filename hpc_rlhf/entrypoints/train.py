@@ -65,7 +65,7 @@ def cmd_plan(args: argparse.Namespace, rest: list[str]) -> int:
     name = commands.TRAIN + args.trainer
     cfg = commands.load_config(name, args.config, rest)
     return run_plan(args.trainer, cfg, commands.placement_plan(name, cfg), args.config, rest, args.script_only,
-                    args.estimate, args.auto)
+                    args.estimate, args.auto, args.gpus)
 
 
 def cmd_submit(args: argparse.Namespace, rest: list[str]) -> int:
@@ -136,8 +136,9 @@ def add_plan_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--script-only", action="store_true", help="print only the sbatch script")
     c.add_argument("--estimate", action="store_true", help="on plan.gpu: also print the seconds of each phase of "
                                                            "one step (docs/hpc.md#planning-a-large-run)")
-    c.add_argument("--auto", type=int, metavar="GPUS", help="on plan.gpu: also print the placement of GPUS GPUs "
-                                                            "with the least estimated step time next to the config's")
+    c.add_argument("--auto", action="store_true", help="on plan.gpu: also print the placement of --gpus GPUs with "
+                                                       "the least estimated step time next to the config's")
+    c.add_argument("--gpus", type=int, metavar="N", help="GPUs --auto places (default: the config's placement's)")
 
 
 def add_submit_args(c: argparse.ArgumentParser) -> None:

@@ -373,8 +373,8 @@ def describe_fits(fit: list[Fit], gpu: GpuSpec) -> list[str]:
 
 
 def describe_estimate(est: dict[str, float], work: Workload) -> list[str]:
-    lines = [f"step time estimate ({work.prompts} prompts x {work.samples} samples, {work.prompt_len} prompt and "
-             f"{work.response_len} response tokens on average; docs/hpc.md#planning-a-large-run):"]
+    lines = [f"step time estimate ({work.prompts} prompts x {work.samples} samples per prompt, {work.prompt_len} "
+             f"prompt and {work.response_len} response tokens on average; docs/hpc.md#planning-a-large-run):"]
     lines += [f"  {k:<18} {v:9.1f} s" for k, v in est.items()]
     return lines
 
@@ -398,6 +398,6 @@ def describe_auto(n: int, models: Models, seed: Layout, work: Workload, machine:
     rows += [(f"{k} s", f"{seed_est[k]:.1f}" if seed_est else "-", f"{v:.1f}") for k, v in est.items()]
     if not all(f.fits for f in fits(models, seed, work, machine.gpu)):
         rows.append(("config's fits", "no", "yes"))
-    lines += [f"  {name:<22} {str(a):>12} | {str(b):<12}" for name, a, b in rows]
+    lines += [f"  {name:<22} {str(a):>12} | {b}" for name, a, b in rows]
     lines.append("  overrides for the chosen one: " + " ".join(layout.overrides()))
     return lines

@@ -100,11 +100,13 @@ def _component_line(c: JobComponent, width: int) -> str:
     return f"  {c.name:<{width}}  ranks {c.first_rank}-{last} ({c.ntasks} tasks)  {device}, {where}{part}"
 
 
-def gpu_lines(cfg, plan, with_estimate: bool, auto_gpus: int | None) -> list[str]:
-    """On `plan.gpu`: whether each role fits, and with ``with_estimate`` the seconds per phase, and with
-    ``auto_gpus`` the placement of that many GPUs chosen from the estimate (launch/estimate.py)."""
+def gpu_lines(cfg, plan, with_estimate: bool, auto: bool, gpus: int | None) -> list[str]:
+    """On `plan.gpu`: whether each role fits, and with ``with_estimate`` the seconds per phase, and with ``auto`` the
+    placement of ``gpus`` GPUs (default: the config's) chosen from the estimate (launch/estimate.py)."""
+    if gpus is not None and (gpus < 1 or not auto):
+        raise ConfigError(f"--gpus {gpus}: give a positive count, with --auto")
     if plan is None or getattr(getattr(cfg, "plan", None), "gpu", "none") == "none":
-        if with_estimate or auto_gpus:
+        if with_estimate or auto:
             raise ConfigError("--estimate and --auto need a `train rl` config with plan.gpu set (e.g. "
                               "plan.gpu=a800-80g)")
         return []
@@ -115,13 +117,13 @@ def gpu_lines(cfg, plan, with_estimate: bool, auto_gpus: int | None) -> list[str
     lines = ["", *estimate.describe_fits(estimate.fits(models, layout, work, machine.gpu), machine.gpu)]
     if with_estimate:
         lines += ["", *estimate.describe_estimate(estimate.estimate(models, layout, work, machine), work)]
-    if auto_gpus:
-        lines += ["", *estimate.describe_auto(auto_gpus, models, layout, work, machine)]
+    if auto:
+        lines += ["", *estimate.describe_auto(gpus or layout.gpus, models, layout, work, machine)]
     return lines
 
 
 def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[str], with_estimate: bool = False,
-             auto_gpus: int | None = None) -> str:
+             auto: bool = False, gpus: int | None = None) -> str:
     comps = components(cfg, plan)
     het = is_hetjob(comps, cfg.slurm.hetjob)
     lines = [f"hpc-rlhf plan: train {trainer}, {sum(c.ntasks for c in comps)} ranks, "
@@ -152,7 +154,7 @@ def describe(cfg, trainer: str, plan, config_path: str | None, overrides: list[s
         lines += ["per rank (its roles' lasting parts, the largest phase of one role: activations, logits or kv "
                   f"cache, and {memory.gib(memory.RUNTIME_BYTES)} runtime):"]
         lines += [f"  {c.name:<{width}}  {memory.gib(total):>10}" for c, total in rank_memory(cfg, plan, per_role)]
-    lines += gpu_lines(cfg, plan, with_estimate, auto_gpus)
+    lines += gpu_lines(cfg, plan, with_estimate, auto, gpus)
     lines += ["", "sbatch script (`hpc-rlhf submit` submits this; `hpc-rlhf plan ... --script-only > job.sbatch` "
               "saves it for `sbatch job.sbatch`):", "", job_script(cfg, trainer, plan, config_path, overrides)]
     return "\n".join(lines)
@@ -165,9 +167,9 @@ def job_script(cfg, trainer: str, plan, config_path: str | None, overrides: list
 
 
 def run_plan(trainer: str, cfg, plan, config_path: str | None, overrides: list[str], script_only: bool,
-             with_estimate: bool = False, auto_gpus: int | None = None) -> int:
+             with_estimate: bool = False, auto: bool = False, gpus: int | None = None) -> int:
     text = job_script(cfg, trainer, plan, config_path, overrides) if script_only else \
-        describe(cfg, trainer, plan, config_path, overrides, with_estimate, auto_gpus)
+        describe(cfg, trainer, plan, config_path, overrides, with_estimate, auto, gpus)
     sys.stdout.write(text)
     if misfit := too_large(cfg, plan):
         print(f"error: {misfit}", file=sys.stderr)

@@ -63,19 +63,30 @@ def test_the_7b_row_memory_equals_the_hand_count():
     assert fit["rollout"].parts["weights"] == weights
 
 
-def test_a_70b_actor_on_two_gpus_without_offload_is_refused_with_its_numbers(tmp_path):
-    config = SCALE / "llama2-70b-ppo.yaml"
-    run = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "plan", "rl", "--config", str(config),
-                          "placement.actor_num_ranks=2", "train.adam_offload=false"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "plan", "rl", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("args,message", [
+    ((str(SCALE / "llama2-7b-ppo.yaml"), "--gpus", "16"), "--gpus 16: give a positive count, with --auto"),
+    ((str(ROOT / "examples" / "ppo.yaml"), "--estimate"), "--estimate and --auto need a `train rl` config with "
+                                                           "plan.gpu set")])
+def test_estimate_flags_without_what_they_need_stop_with_one_line(args, message):
+    run = _plan("--config", *args)
+    assert run.returncode == 2 and message in run.stderr and run.stderr.count("\n") == 1, run.stderr
+
+
+def test_a_70b_actor_on_two_gpus_without_offload_is_refused_with_its_numbers():
+    config = str(SCALE / "llama2-70b-ppo.yaml")
+    run = _plan("--config", config, "placement.actor_num_ranks=2", "train.adam_offload=false")
     assert run.returncode == 2, run.stderr
     # ZeRO-3 on 2 GPUs: 2N/2 weights + 2N/2 gradients + 12N/2 Adam states = 8N = 551.8 GB = 513.9 GiB, plus
     # activations, logits and the runtime: 518.08 GiB
     assert "error: actor on 2 x a800-80g (80.00 GiB): needs 518.08 GiB per GPU" in run.stderr
     assert run.stderr.count("\n") == 1
     assert "actor        2 GPUs  518.08 GiB  DOES NOT FIT" in run.stdout
-    ok = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "plan", "rl", "--config", str(config)],
-                        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    ok = _plan("--config", config)
     assert ok.returncode == 0 and "DOES NOT FIT" not in ok.stdout
 
 
@@ -143,9 +154,7 @@ def test_the_table5_comparison_record_is_current():
 def test_auto_chooses_a_fitting_placement_no_slower_than_the_seeds_in_under_10_s():
     for size, gpus in (("7b", 16), ("70b", 32)):
         t0 = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "hpc_rlhf.cli", "plan", "rl", "--config",
-                              str(SCALE / f"llama2-{size}-ppo.yaml"), "--estimate", "--auto", str(gpus)],
-                             capture_output=True, text=True, cwd=ROOT, timeout=120)
+        run = _plan("--config", str(SCALE / f"llama2-{size}-ppo.yaml"), "--estimate", "--auto", "--gpus", str(gpus))
         assert run.returncode == 0, run.stderr
         assert time.monotonic() - t0 < 10
         assert f"placement from throughput on {gpus} x a800-80g (config's placement | chosen):" in run.stdout
