@@ -180,9 +180,10 @@ def fits(models: Models, layout: Layout, work: Workload, gpu: GpuSpec) -> list[F
             out.append(Fit(name, gpus, int(work.gpu_util * gpu.memory_bytes),
                            {"weights": weights, "kv cache": kv}, ok, note))
             continue
-        parts = [_role_parts(r, models, layout, work, gpus) for r in roles if models.of(r) is not None]
+        present = [r for r in roles if models.of(r) is not None]
+        parts = [_role_parts(r, models, layout, work, gpus) for r in present]
         per_gpu = memory.rank_total(parts)
-        merged = {f"{r} {k}" if len(roles) > 1 else k: v for r, p in zip(roles, parts) for k, v in p.items()}
+        merged = {f"{r} {k}" if len(present) > 1 else k: v for r, p in zip(present, parts) for k, v in p.items()}
         out.append(Fit(name, gpus, per_gpu, merged, per_gpu <= gpu.memory_bytes))
     return out
 
