@@ -44,6 +44,12 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
             if hasattr(objective, attr) and not (role == "reference" and getattr(objective, "ref_precompute", False)):
                 path = getattr(objective, attr) or m.pretrain
                 out[role] = memory.frozen(actor if path == m.pretrain else model_shape(path), m.param_dtype)
+        if getattr(objective, "lmbda", 0) > 0:  # kd's on-policy steps: the student's own engine, with its weights
+            r, gpus = cfg.rollout, cfg.slurm.resources.gpus_per_task
+            spec = choose(r.engine, actor.model_type, bool(gpus), vllm_installed())[0]
+            rows = min(r.max_batch_size, -(-t.train_batch_size // cfg.launch.nproc))
+            out["student engine"] = spec.memory(actor, m.param_dtype, rows, cfg.data.max_len,
+                                                cpu_kv_cache_gib=r.vllm.cpu_kv_cache_gib, on_cpu=not gpus)
         return out
     seq = cfg.sequence_len()
     out = {}
@@ -85,8 +91,9 @@ def role_memory(cfg, plan) -> dict[str, dict[str, int]]:
 
 
 def rank_memory(cfg, plan, per_role: dict[str, dict[str, int]]) -> list[tuple[JobComponent, int]]:
-    """Each component's peak bytes per rank (``memory.rank_total`` of the roles it runs)."""
-    return [(c, memory.rank_total([per_role.get(role, {}) for role in c.placement.roles]))
+    """Each component's peak bytes per rank (``memory.rank_total`` of the roles it runs; without a placement plan,
+    the one group runs every model the trainer loads)."""
+    return [(c, memory.rank_total([per_role.get(role, {}) for role in (c.placement.roles if plan else per_role)]))
             for c in components(cfg, plan)]
 
 

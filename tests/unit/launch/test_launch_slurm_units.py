@@ -220,6 +220,28 @@ def test_plan_counts_the_weight_sync_memory_between_cpu_components(tmp_path):
         k for v in role_memory(together, plan_from_config(together)).values() for k in v}
 
 
+def test_plan_of_on_policy_kd_counts_the_students_engine_and_the_teacher_on_the_rank(tmp_path):
+    """train kd with objective.lmbda > 0 loads the student, the teacher and an engine of its own with the student's
+    weights on every rank: the per-rank total holds all three (lasting weights, the largest phase)."""
+    from hpc_rlhf.commands import load_config as load_command
+    from hpc_rlhf.launch.plan import rank_memory, role_memory
+    from hpc_rlhf.models.tiny import build_tiny_model
+    model = build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=2, max_position_embeddings=64)
+    args = [f"pretrain={model}", f"teacher_pretrain={model}", "dataset=d.jsonl", "kd_coef=0.5", "param_dtype=fp32",
+            "max_len=64", "train_batch_size=8", "micro_train_batch_size=2"]
+    on_policy = load_command("train kd", None, args + ["lmbda=0.5", "rollout.engine=hf", "rollout.max_batch_size=4"])
+    parts = role_memory(on_policy, None)
+    shape = model_shape(str(model))
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4 * 4 * 64  # 4 rows of 64 tokens, fp32
+    assert parts["student engine"] == {"weights": shape.params * 4, "kv cache": kv}
+    assert parts["teacher"] == {"weights": shape.params * 4}
+    [(_, total)] = rank_memory(on_policy, None, parts)
+    assert total == memory.rank_total(list(parts.values()))
+    assert total > memory.rank_total([parts["actor"]]) + 2 * shape.params * 4 - 1  # teacher and engine weights
+    offline = load_command("train kd", None, args)
+    assert "student engine" not in role_memory(offline, None)
+
+
 @pytest.mark.parametrize("bad", ["slurm.stop_signals=TERM,KILL", "slurm.requeue_signals=USR2"])
 def test_bad_signal_config_names_the_key(bad):
     from hpc_rlhf.config import ConfigError
