@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[3]
 HEAVY = ("torch", "transformers", "datasets", "deepspeed", "vllm")
 # runs hpc_rlhf.cli.main(argv) and prints the exit code and the heavy packages it loaded, as JSON on the last line
 PROBE = """
@@ -54,6 +56,8 @@ def light_commands(root):
         "options": ["options"],
         "plan sft": ["plan", "sft", m, f"dataset={d}"],
         "plan rl": ["plan", "rl", m, f"prompt_data={d}", "reward_func=builtin:math", "rollout_num_ranks=2"],
+        "plan rl --auto": ["plan", "rl", "--config", str(ROOT / "examples" / "scale" / "llama2-70b-ppo.yaml"),
+                           "--estimate", "--auto", "--gpus", "32"],
         "status": ["status", str(root)],
         "report": ["report", str(root), "--out", str(root / "report")],
         "sweep": ["sweep", "sft", "--config", str(root / "config.yaml"), "--grid", "learning_rate=1e-5,2e-5",
@@ -61,9 +65,10 @@ def light_commands(root):
     }
 
 
-@pytest.mark.parametrize("name", ["help", "options", "plan sft", "plan rl", "status", "report", "sweep"])
+@pytest.mark.parametrize("name", ["help", "options", "plan sft", "plan rl", "plan rl --auto", "status", "report",
+                                  "sweep"])
 def test_login_node_commands_load_no_torch(inputs, name):
-    out = probe(*light_commands(inputs)[name])
+    out = probe(*light_commands(inputs)[name], cwd=ROOT)
     assert out["loaded"] == [], out["stderr"][-2000:]
     assert out["rc"] in (0, 2), out["stderr"][-2000:]  # status and report of a folder that is no run: exit 2
 
