@@ -111,3 +111,26 @@ def test_bf16_parameters_make_a_bf16_engine(ranks):
     import torch
     for r in ranks:
         assert r["bf16"] == (True, {torch.bfloat16})
+
+
+@pytest.mark.slow  # ~60 s: a whole `train rl` of three ranks (the default suite stays under 12 minutes)
+def test_train_rl_shards_the_frozen_models_on_the_actors_ranks(tmp_path):
+    """`train rl` with ZeRO-3, the reference and a reward model on the two actor ranks (one world for all three)
+    and a rollout rank: both frozen models are sharded there, and the reference's log-probs at the first step
+    are the actor's own (the same weights: a KL of 0)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rl_fixtures import make_assets, merged, run_rl
+    base = make_assets(tmp_path)
+    rm = AutoModelForSequenceClassification.from_pretrained(base["model"]["pretrain"], num_labels=1)
+    rm.save_pretrained(tmp_path / "rm")
+    cfg = merged(base, algo={"advantage_estimator": "reinforce", "init_kl_coef": 0.05},
+                 train={"max_steps": 2, "zero_stage": 3}, reward={"reward_pretrain": str(tmp_path / "rm")},
+                 placement={"actor_num_ranks": 2, "colocate_actor_ref": True, "colocate_actor_reward": True})
+    metrics = run_rl(cfg, tmp_path, "frozen_zero3")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert abs(metrics[0]["kl"]) < 1e-6 and metrics[1]["kl"] != 0, [m["kl"] for m in metrics]
+    assert "reward/model" in metrics[0]
+    log = (tmp_path / "frozen_zero3.log").read_text()
+    for role in ("reference", "reward model"):
+        assert f"INFO hpc_rlhf.engines.deepspeed_strategy: {role}: ZeRO-3 over 2 ranks" in log, role
