@@ -51,13 +51,13 @@ class RewardRole:
         r = self.reward_cfg = reward
         self.generate_max_len = generate_max_len
         self.sources: list[tuple[str, Callable[[list[Experience]], RewardBatch]]] = []
-        self.model = None
+        self.scorer = None
         if r.reward_pretrain:
             shard = (partial(build_frozen_engine, param_dtype=param_dtype, world_size=world_size, role="reward model")
                      if zero_stage == 3 else None)
-            self.model = RewardModelScorer(r.reward_pretrain, dtype=param_dtype, device=str(device),
+            self.scorer = RewardModelScorer(r.reward_pretrain, dtype=param_dtype, device=str(device),
                                            batch_size=r.reward_batch_size, shard=shard)
-            self.sources.append(("model", _on_tokens(self.model)))
+            self.sources.append(("model", _on_tokens(self.scorer)))
         if r.reward_func:
             self.sources.append(("func", _on_text(RewardFunction(r.reward_func, batch_size=r.reward_batch_size,
                                                                  timeout_s=r.reward_timeout_s))))
@@ -80,8 +80,8 @@ class RewardRole:
         and always for reward models), and the reward components of each valid sample ({name: value}; None for
         the others, and for all when there is one source returning plain numbers: ``combine``)."""
         if not samples:
-            if self.model is not None and self.model.sharded:
-                self.model.score_tokens([])  # the world's other ranks may have samples: its forwards are collective
+            if self.scorer is not None and self.scorer.sharded:
+                self.scorer.score_tokens([])  # the world's other ranks may have samples: its forwards are collective
             return [], [], {}, [], []
         batch = combine([score(samples) for _, score in self.sources], self.weights, [n for n, _ in self.sources])
         rewards = batch.rewards.clone()

@@ -69,7 +69,7 @@ def _frozen(lm_dir: str, rm_dir: str) -> dict:
         reward = RewardRole(RewardConfig(reward_pretrain=rm_dir, reward_batch_size=1), AgentConfig(), "fp32", 64,
                             "cpu", stage, world)
         out[f"rm{stage}"] = reward.score(samples if rank == 0 else [])[0]
-        out[f"rm{stage}_elements"] = _local_elements(reward.model.scores)
+        out[f"rm{stage}_elements"] = _local_elements(reward.scorer.scores)
     bf16 = Reference(ModelConfig(pretrain=lm_dir, param_dtype="bf16"), RLTrainConfig(zero_stage=3), 1.0, 0, "cpu",
                      world)
     out["bf16"] = (bf16.model.bfloat16_enabled(), {p.ds_tensor.dtype for p in bf16.model.parameters()})
