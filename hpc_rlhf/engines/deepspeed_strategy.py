@@ -18,6 +18,19 @@ from .schedule import make_scheduler
 log = logging.getLogger(__name__)
 
 
+def _common_config(param_dtype: str, world_size: int) -> dict:
+    """What every engine's config holds: one sample per micro-batch and no accumulation of DeepSpeed's own (the
+    callers batch), bf16 when the parameters are, DeepSpeed's periodic prints off."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "bf16": {"enabled": param_dtype == "bf16"},
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+    }
+
+
 def ds_config(train: OptimizerConfig, param_dtype: str, world_size: int) -> dict:
     zero: dict = {"stage": train.zero_stage}
     if train.adam_offload and train.zero_stage > 0:
@@ -26,18 +39,12 @@ def ds_config(train: OptimizerConfig, param_dtype: str, world_size: int) -> dict
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     if train.zero_stage in (1, 2, 3):
         zero["overlap_comm"] = False
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "train_batch_size": world_size,
+    return _common_config(param_dtype, world_size) | {
         "managed_gradient_accumulation": False,
         "gradient_clipping": train.max_norm,
         "zero_optimization": zero,
-        "bf16": {"enabled": param_dtype == "bf16"},
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
-        "steps_per_print": 10 ** 9,
-        "wall_clock_breakdown": False,
     }
 
 
@@ -83,6 +90,29 @@ def build_engine(model: torch.nn.Module, train: OptimizerConfig, learning_rate: 
             # flat buffer and back even when that is one rank, whose mean is the gradient itself.  ZeRO 1-3 keep
             # theirs: it fills their partitions.
             engine.enable_backward_allreduce = False
+    return engine
+
+
+def build_frozen_engine(model: torch.nn.Module, param_dtype: str, world_size: int, role: str):
+    """Wrap the frozen ``model`` in a DeepSpeed ZeRO-3 engine without an optimizer, over the default process group
+    (the rank's world): each rank keeps 1/``world_size`` of every parameter (those below DeepSpeed's persistence
+    threshold, norms and biases, whole) and the ranks gather a module's parameters for its forward, so every rank
+    of the world must run the same number of forwards.  The parameters are partitioned one by one as they move to
+    the device, so the whole model is never on it; the buffers follow them there.  Logs the share of ``role``'s
+    parameters this rank holds."""
+    import deepspeed
+
+    config = _common_config(param_dtype, world_size) | {"zero_optimization": {"stage": 3}}
+    deepspeed.init_distributed(dist_init_required=False)  # zero.Init reads the world size before it joins
+    deepspeed.zero.Init(module=model, config_dict_or_path=config)
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False)
+    for module in engine.module.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            setattr(module, name, buffer.to(engine.device))
+    held = sum(p.ds_tensor.numel() for p in engine.module.parameters())
+    log.info("%s: ZeRO-3 over %d ranks, %d of its %d parameter elements on this rank", role, world_size, held,
+             sum(p.ds_numel for p in engine.module.parameters()))
+    engine.eval()
     return engine
 
 

@@ -9,25 +9,43 @@ would pool the token before the eos).  So the scorer runs the backbone and the h
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from ..distributed.collectives import max_over_ranks
 from ..models.paths import resolve_pretrained
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _HEAD_NAMES = ("score", "classifier", "v_head")
 
 
+class _LastTokenScores(torch.nn.Module):
+    """The backbone and the score head of ``model`` as one module: the head's output at each row's last real token.
+    (One module, so that a ZeRO-3 engine wrapping it sees each forward begin and end.)"""
+
+    def __init__(self, model: torch.nn.Module, head: str):
+        super().__init__()
+        self.model, self.head = model, head
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = getattr(self.model, self.model.base_model_prefix)(input_ids=ids, attention_mask=mask, use_cache=False)
+        values = getattr(self.model, self.head)(out.last_hidden_state)[..., 0]  # [b, T]
+        return values[torch.arange(ids.size(0), device=ids.device), mask.sum(-1) - 1]
+
+
 class RewardModelScorer:
     """Load ``AutoModelForSequenceClassification`` (``num_labels=1``) from ``path`` and score token lists.
 
     With ``normalize`` (default) scores become ``(score - reward_mean) / reward_std`` when the model config
-    has ``reward_mean`` and ``reward_std``.
+    has ``reward_mean`` and ``reward_std``.  ``shard`` (e.g. ``build_frozen_engine``) wraps the scoring module in
+    a ZeRO-3 engine over the rank's world instead of moving it to ``device``: every rank of that world then scores
+    together (``score_tokens`` on each, with any number of sequences, none included).
     """
 
     def __init__(self, path, dtype: str = "fp32", device: str = "cpu", batch_size: int = 16,
-                 normalize: bool = True):
+                 normalize: bool = True, shard: Callable[[torch.nn.Module], torch.nn.Module] | None = None):
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(_DTYPES)}")
         if batch_size < 1:
@@ -37,15 +55,16 @@ class RewardModelScorer:
         self.batch_size = batch_size
         model = AutoModelForSequenceClassification.from_pretrained(resolve_pretrained(self.path), num_labels=1,
                                                                    dtype=_DTYPES[dtype])
-        self.model = model.to(self.device).eval()
+        self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
-        self.backbone = getattr(self.model, self.model.base_model_prefix)
-        self.head = next((getattr(self.model, n) for n in _HEAD_NAMES
-                          if isinstance(getattr(self.model, n, None), torch.nn.Module)), None)
-        if self.head is None:
+        head = next((n for n in _HEAD_NAMES if isinstance(getattr(self.model, n, None), torch.nn.Module)), None)
+        if head is None:
             raise ValueError(f"{type(self.model).__name__} from {self.path} has no score head "
                              f"(looked for {', '.join(_HEAD_NAMES)})")
+        self.sharded = shard is not None
+        scores = _LastTokenScores(self.model, head)
+        self.scores = shard(scores) if self.sharded else scores.to(self.device)
         cfg = self.model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         pad = getattr(text_cfg, "pad_token_id", None)
@@ -61,7 +80,7 @@ class RewardModelScorer:
                 raise ValueError(f"config.reward_std of {self.path} is {std}; expected a positive number")
             self.mean, self.std = float(mean), float(std)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def _forward(self, seqs: list[list[int]]) -> torch.Tensor:
         lengths = torch.tensor([len(s) for s in seqs])
         width = int(lengths.max())
@@ -69,10 +88,7 @@ class RewardModelScorer:
         for i, s in enumerate(seqs):
             ids[i, :len(s)] = torch.as_tensor(s, dtype=torch.long)
         mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
-        out = self.backbone(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False)
-        values = self.head(out.last_hidden_state)[..., 0]  # [b, T]
-        last = (mask.sum(-1) - 1).to(self.device)
-        return values[torch.arange(len(seqs), device=self.device), last].float().cpu()
+        return self.scores(ids.to(self.device), mask.to(self.device)).float().cpu()
 
     def score_tokens(self, sequences: list[list[int]]) -> torch.Tensor:
         """Scores float32 [B] of the sequences (batched by length to limit padding)."""
@@ -84,9 +100,14 @@ class RewardModelScorer:
                 raise ValueError(f"sequence {i} has {len(s)} tokens; the model takes at most {self.max_length}")
         out = torch.empty(len(seqs), dtype=torch.float32)
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-        for lo in range(0, len(order), self.batch_size):
+        starts = range(0, len(order), self.batch_size)
+        # sharded: as many forwards as the rank with the most batches (each gathers the parameters), agreed first
+        extra = max_over_ranks(len(starts)) - len(starts) if self.sharded else 0
+        for lo in starts:
             idx = order[lo:lo + self.batch_size]
             out[torch.tensor(idx)] = self._forward([seqs[i] for i in idx])
+        for _ in range(extra):
+            self._forward([[self.pad_id]])
         if self.mean is not None:
             out = (out - self.mean) / self.std
         return out

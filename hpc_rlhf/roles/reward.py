@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Callable
 
 import torch
 
 from ..config.rl import AgentConfig, RewardConfig
+from ..engines.deepspeed_strategy import build_frozen_engine
 from ..rewards.client import RemoteReward
 from ..rewards.function import RewardFunction
 from ..rewards.model import RewardModelScorer
@@ -41,14 +43,21 @@ def _from_environment(samples: list[Experience]) -> RewardBatch:
 
 
 class RewardRole:
-    def __init__(self, reward: RewardConfig, agent: AgentConfig, param_dtype: str, generate_max_len: int, device):
-        """``param_dtype``: a reward model's; ``generate_max_len``: the rollout's (the overlong penalty's end)."""
+    def __init__(self, reward: RewardConfig, agent: AgentConfig, param_dtype: str, generate_max_len: int, device,
+                 zero_stage: int = 0, world_size: int = 1):
+        """``param_dtype``: a reward model's; ``generate_max_len``: the rollout's (the overlong penalty's end);
+        ``zero_stage`` 3: the reward model sharded over the ``world_size`` ranks of its world (``score`` is then
+        collective over them)."""
         r = self.reward_cfg = reward
         self.generate_max_len = generate_max_len
         self.sources: list[tuple[str, Callable[[list[Experience]], RewardBatch]]] = []
+        self.scorer = None
         if r.reward_pretrain:
-            self.sources.append(("model", _on_tokens(RewardModelScorer(
-                r.reward_pretrain, dtype=param_dtype, device=str(device), batch_size=r.reward_batch_size))))
+            shard = (partial(build_frozen_engine, param_dtype=param_dtype, world_size=world_size, role="reward model")
+                     if zero_stage == 3 else None)
+            self.scorer = RewardModelScorer(r.reward_pretrain, dtype=param_dtype, device=str(device),
+                                           batch_size=r.reward_batch_size, shard=shard)
+            self.sources.append(("model", _on_tokens(self.scorer)))
         if r.reward_func:
             self.sources.append(("func", _on_text(RewardFunction(r.reward_func, batch_size=r.reward_batch_size,
                                                                  timeout_s=r.reward_timeout_s))))
@@ -71,6 +80,8 @@ class RewardRole:
         and always for reward models), and the reward components of each valid sample ({name: value}; None for
         the others, and for all when there is one source returning plain numbers: ``combine``)."""
         if not samples:
+            if self.scorer is not None and self.scorer.sharded:
+                self.scorer.score_tokens([])  # the world's other ranks may have samples: its forwards are collective
             return [], [], {}, [], []
         batch = combine([score(samples) for _, score in self.sources], self.weights, [n for n, _ in self.sources])
         rewards = batch.rewards.clone()

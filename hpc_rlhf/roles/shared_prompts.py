@@ -76,23 +76,27 @@ def worth_sharing(samples: list[Experience], min_positions: int, at_most: int | 
 
 def outputs_per_sample(model: torch.nn.Module, samples: list[Experience], micro: int, pad_id: int, device,
                        share: bool, min_positions: int,
-                       fn: Callable[[torch.Tensor, RLBatch], torch.Tensor]) -> list[list[float]]:
-    """``fn(out, batch)`` -> [B, R] per sample (``per_sample``, no gradient), ``out`` the output head's outputs at
-    the picked positions [N, ...] (``response_logits``); with ``share`` where it pays (``worth_sharing`` with
-    ``min_positions``), one prompt pass for all of them and micro-batches of responses cut by response length."""
+                       fn: Callable[[torch.Tensor, RLBatch], torch.Tensor],
+                       lockstep: bool = False) -> list[list[float]]:
+    """``fn(out, batch)`` -> [B, R] per sample (``per_sample``, no gradient, ``lockstep`` passed on), ``out`` the
+    output head's outputs at the picked positions [N, ...] (``response_logits``); with ``share`` where it pays
+    (``worth_sharing`` with ``min_positions``), one prompt pass for all of them and micro-batches of responses cut by
+    response length."""
     shared = (SharedPrompts(model, samples, 0, pad_id, device) if share and worth_sharing(samples, min_positions)
               else None)
 
     def run(part: list[Experience], batch: RLBatch) -> torch.Tensor:
         return fn(shared.logits(part, batch) if shared else response_logits(model, batch), batch)
-    return per_sample(model, samples, micro, pad_id, device, run, responses_only=shared is not None)
+    return per_sample(model, samples, micro, pad_id, device, run, responses_only=shared is not None,
+                      lockstep=lockstep)
 
 
 def logprobs_per_sample(model: torch.nn.Module, samples: list[Experience], micro: int, pad_id: int, device,
-                        temperature: float, share: bool, min_positions: int = 0) -> list[list[float]]:
+                        temperature: float, share: bool, min_positions: int = 0,
+                        lockstep: bool = False) -> list[list[float]]:
     """Each sample's response log-probs (``outputs_per_sample``)."""
     return outputs_per_sample(model, samples, micro, pad_id, device, share, min_positions,
-                              lambda logits, batch: response_logprobs(logits, batch, temperature))
+                              lambda logits, batch: response_logprobs(logits, batch, temperature), lockstep)
 
 
 class SharedPrompts:

@@ -28,17 +28,24 @@ def by_length(samples: list[Experience], responses_only: bool = False) -> list[E
 @torch.no_grad()
 def per_sample(module: torch.nn.Module, samples: list[Experience], micro: int, pad_id: int, device,
                fn: Callable[[list[Experience], RLBatch], torch.Tensor],
-               responses_only: bool = False) -> list[list[float]]:
+               responses_only: bool = False, lockstep: bool = False) -> list[list[float]]:
     """``fn(part, batch)`` -> [B, R] over micro-batches of similar lengths (``by_length``) in eval mode,
-    returned per sample (in the order given) without padding."""
+    returned per sample (in the order given) without padding.  ``lockstep`` (a ZeRO-3 module, whose forwards
+    gather its parameters over the world): every rank of the world runs as many forwards as the one with the most
+    micro-batches, the extra ones on a one-token sample whose outputs are dropped."""
     was_training = module.training
     module.eval()
     out: list[list[float]] = [[] for _ in samples]
     order = sorted(range(len(samples)), key=lambda i: -padded_length(samples[i], responses_only))
-    for idx in chunks(order, micro):
+    parts = chunks(order, micro)
+    extra = max_over_ranks(len(parts)) - len(parts) if lockstep else 0  # agreed before any forward
+    for idx in parts:
         part = [samples[i] for i in idx]
         for i, row in zip(idx, unpadded(fn(part, collate(part, pad_id, device)), part)):
             out[i] = row
+    blank = [Experience(0, 0, [pad_id], [pad_id], [], "length", "", "", None)]
+    for _ in range(extra):
+        fn(blank, collate(blank, pad_id, device))
     module.train(was_training)
     return out
 
