@@ -20,10 +20,12 @@ import json
 import statistics
 from pathlib import Path
 
+from hpc_rlhf.config.gpus import GPUS
+
 ROOT = Path(__file__).resolve().parents[1]
 PERF = ROOT / "docs" / "runs" / "perf"
 H200_RUN = "grpo_real_cuda_h200_bf16_graphs.json"
-H200_BF16_FLOPS, H200_HBM = 989e12, 4.8e12  # hpc_rlhf/config/gpus.py
+H200 = GPUS["h200-141g"]
 SMOLLM2_LAYERS = 30
 
 
@@ -50,8 +52,8 @@ def calibration(perf: Path = PERF) -> dict:
     beyond = side["rollout_generate_s"] - side["fractions"]["decode_limit_s"]
     runs = _cpu_runs(perf)
     return {
-        "matmul": round(h200["limits"]["matmul_flops_bf16"] / H200_BF16_FLOPS, 3),
-        "hbm": round(2 * h200["limits"]["copy_bytes_per_s"] / H200_HBM, 3),
+        "matmul": round(h200["limits"]["matmul_flops_bf16"] / H200.bf16_flops, 3),
+        "hbm": round(2 * h200["limits"]["copy_bytes_per_s"] / H200.hbm_bytes_per_s, 3),
         "train": round(statistics.median(r["train_vs_peak_fp32"] for r in runs), 3),
         "link": round(statistics.median(r["weight_sync_vs_copy"] for r in runs if r.get("weight_sync_vs_copy")), 3),
         "layer_step_s": round(beyond / steps / SMOLLM2_LAYERS, 6),

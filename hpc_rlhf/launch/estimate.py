@@ -332,6 +332,9 @@ def search(n: int, models: Models, work: Workload, machine: Machine,
 def from_config(cfg, plan) -> tuple[Models, Layout, Workload, Machine]:
     """The models, placement, workload and machine of a `train rl` config whose plan.gpu is set."""
     p, r, t, m = cfg.placement, cfg.rollout, cfg.train, cfg.model
+    if p.colocate_all:
+        raise ValueError("plan.gpu: the estimate covers roles on GPUs of their own or colocate_actor_ref / "
+                         "colocate_critic_reward, not placement.colocate_all")
     actor = model_shape(m.pretrain)
 
     def shape(path):
@@ -349,9 +352,6 @@ def from_config(cfg, plan) -> tuple[Models, Layout, Workload, Machine]:
                     engines=p.rollout_num_ranks, tp=tp, colocate_actor_ref=p.colocate_actor_ref,
                     colocate_critic_reward=p.colocate_critic_reward, zero_stage=t.zero_stage,
                     offload=t.adam_offload)
-    if p.colocate_all:
-        raise ValueError("plan.gpu: the estimate covers roles on GPUs of their own or colocate_actor_ref / "
-                         "colocate_critic_reward, not placement.colocate_all")
     work = Workload(prompts=r.rollout_batch_size, samples=r.n_samples_per_prompt,
                     prompt_len=cfg.plan.prompt_len or cfg.data.prompt_max_len,
                     response_len=cfg.plan.response_len or r.generate_max_len, max_len=cfg.sequence_len(),

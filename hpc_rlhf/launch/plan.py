@@ -107,20 +107,29 @@ def _component_line(c: JobComponent, width: int) -> str:
     return f"  {c.name:<{width}}  ranks {c.first_rank}-{last} ({c.ntasks} tasks)  {device}, {where}{part}"
 
 
+def on_gpu(cfg, plan):
+    """(models, layout, workload, machine) of a `train rl` config with `plan.gpu` set (launch/estimate.py), None
+    without one; OSError or ValueError when its models cannot be read or its placement is not one it covers."""
+    if plan is None or getattr(getattr(cfg, "plan", None), "gpu", "none") == "none":
+        return None
+    return estimate.from_config(cfg, plan)
+
+
 def gpu_lines(cfg, plan, with_estimate: bool, auto: bool, gpus: int | None) -> list[str]:
     """On `plan.gpu`: whether each role fits, and with ``with_estimate`` the seconds per phase, and with ``auto`` the
     placement of ``gpus`` GPUs (default: the config's) chosen from the estimate (launch/estimate.py)."""
     if gpus is not None and (gpus < 1 or not auto):
         raise ConfigError(f"--gpus {gpus}: give a positive count, with --auto")
-    if plan is None or getattr(getattr(cfg, "plan", None), "gpu", "none") == "none":
+    try:
+        setup = on_gpu(cfg, plan)
+    except (OSError, ValueError) as exc:
+        return ["", f"memory per GPU: unknown: {exc}"]
+    if setup is None:
         if with_estimate or auto:
             raise ConfigError("--estimate and --auto need a `train rl` config with plan.gpu set (e.g. "
                               "plan.gpu=a800-80g)")
         return []
-    try:
-        models, layout, work, machine = estimate.from_config(cfg, plan)
-    except (OSError, ValueError) as exc:
-        return ["", f"memory per GPU: unknown: {exc}"]
+    models, layout, work, machine = setup
     lines = ["", *estimate.describe_fits(estimate.fits(models, layout, work, machine.gpu), machine.gpu)]
     if with_estimate:
         lines += ["", *estimate.describe_estimate(estimate.estimate(models, layout, work, machine), work)]
@@ -186,12 +195,13 @@ def run_plan(trainer: str, cfg, plan, config_path: str | None, overrides: list[s
 
 def too_large(cfg, plan) -> str | None:
     """One line naming the first group of GPUs the run does not fit on `plan.gpu`, else None."""
-    if plan is None or getattr(getattr(cfg, "plan", None), "gpu", "none") == "none":
-        return None
     try:
-        models, layout, work, machine = estimate.from_config(cfg, plan)
-    except (OSError, ValueError):
+        setup = on_gpu(cfg, plan)
+    except (OSError, ValueError):  # said in the plan's memory lines
         return None
+    if setup is None:
+        return None
+    models, layout, work, machine = setup
     for f in estimate.fits(models, layout, work, machine.gpu):
         if not f.fits:
             need = f"needs {memory.gib(f.per_gpu)} per GPU" if f.group != "rollout" else f.note
